@@ -1,0 +1,173 @@
+package tenant
+
+import (
+	"encoding/json"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/warden-dev/warden/governor/clock"
+	"github.com/warden-dev/warden/governor/window"
+	"github.com/warden-dev/warden/policy"
+)
+
+var t0 = time.Date(2026, 1, 5, 12, 0, 0, 300e6, time.UTC)
+
+func newCaps(clk clock.Clock) *Caps {
+	return New("ingress",
+		&policy.TenantCap{Header: "x-tenant-id", Rate: 3, Window: 1},
+		map[string]policy.Limit{"acme": {Rate: 5, Window: 60}},
+		window.NewMemory(clk))
+}
+
+func TestCaps(t *testing.T) {
+	tests := []struct {
+		name     string
+		tenant   string
+		admitted int
+		quota    string
+		limit    int64
+	}{
+		{"default cap", "globex", 3, "tenant:globex", 3},
+		{"override", "acme", 5, "tenant:acme", 5},
+		{"missing header counts in the expression bucket", "", 3, "tenant:header:x-tenant-id", 3},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			clk := clock.NewFake(t0)
+			c := newCaps(clk)
+			n := 0
+			var last Result
+			for i := 0; i < 20; i++ {
+				last = c.Check([]byte(tc.tenant), clk.Now())
+				if last.Allowed {
+					n++
+				}
+			}
+			if n != tc.admitted {
+				t.Fatalf("admitted %d, want %d", n, tc.admitted)
+			}
+			if last.Quota() != tc.quota || last.Limit != tc.limit {
+				t.Fatalf("quota %q limit %d, want %q %d", last.Quota(), last.Limit, tc.quota, tc.limit)
+			}
+		})
+	}
+}
+
+func TestTenantsDoNotShare(t *testing.T) {
+	clk := clock.NewFake(t0)
+	c := newCaps(clk)
+	for i := 0; i < 3; i++ {
+		c.Check([]byte("a"), clk.Now())
+	}
+	if !c.Check([]byte("b"), clk.Now()).Allowed {
+		t.Fatal("tenant b refused because tenant a used its cap")
+	}
+	if !c.Check(nil, clk.Now()).Allowed {
+		t.Fatal("unnamed bucket refused because tenant a used its cap")
+	}
+}
+
+func TestRejectionBody(t *testing.T) {
+	clk := clock.NewFake(t0)
+	c := newCaps(clk)
+	var r Result
+	for i := 0; i < 6; i++ {
+		r = c.Check([]byte("acme"), clk.Now())
+	}
+	if r.Allowed {
+		t.Fatal("6th acme request admitted at rate 5")
+	}
+	body := r.AppendBody(nil, clk.Now())
+	want := `{"control":"tenant_rate","quota":"tenant:acme","limit":5,"current":6,"retryAfterSeconds":60}`
+	if string(body) != want {
+		t.Fatalf("body %s\nwant %s", body, want)
+	}
+	var v map[string]any
+	if err := json.Unmarshal(body, &v); err != nil {
+		t.Fatalf("body is not JSON: %v", err)
+	}
+	if got := r.Remaining(); got != 0 {
+		t.Fatalf("remaining %d", got)
+	}
+}
+
+func TestRetryAfterIsWholeSecondsAtLeastOne(t *testing.T) {
+	tests := []struct {
+		at   time.Time
+		want int
+	}{
+		{t0, 1},                             // 0.7 s left of a 1 s window
+		{t0.Add(699 * time.Millisecond), 1}, // 1 ms left
+		{time.Date(2026, 1, 5, 12, 0, 0, 0, time.UTC), 1}, // exactly on the boundary
+	}
+	for _, tc := range tests {
+		clk := clock.NewFake(tc.at)
+		c := newCaps(clk)
+		r := c.Check([]byte("x"), clk.Now())
+		if got := r.RetryAfter(clk.Now()); got != tc.want {
+			t.Errorf("at %v RetryAfter = %d, want %d", tc.at, got, tc.want)
+		}
+	}
+}
+
+func TestUsage(t *testing.T) {
+	clk := clock.NewFake(t0)
+	c := newCaps(clk)
+	c.Check([]byte("acme"), clk.Now())
+	c.Check([]byte("globex"), clk.Now())
+	c.Check([]byte("globex"), clk.Now())
+	got := map[string]Usage{}
+	for _, u := range c.Usage(clk.Now()) {
+		got[u.Tenant] = u
+	}
+	if u := got["acme"]; u.Count != 1 || u.Limit != 5 || u.Window != 60 || u.Remaining != 4 {
+		t.Fatalf("acme usage %+v", u)
+	}
+	if u := got["globex"]; u.Count != 2 || u.Limit != 3 || u.Window != 1 {
+		t.Fatalf("globex usage %+v", u)
+	}
+}
+
+func BenchmarkCheck100kTenants(b *testing.B) {
+	c := New("ingress", &policy.TenantCap{Header: "x-tenant-id", Rate: 1 << 30, Window: 60},
+		map[string]policy.Limit{"acme": {Rate: 500, Window: 1}}, window.NewMemory(clock.Real{}))
+	keys := make([][]byte, 100_000)
+	for i := range keys {
+		keys[i] = []byte("tenant-" + strconv.Itoa(i))
+	}
+	now := time.Now()
+	for _, k := range keys { // warm: every tenant has a live window
+		c.Check(k, now)
+	}
+	b.ReportAllocs()
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		if i&1023 == 0 {
+			now = time.Now()
+		}
+		c.Check(keys[i%len(keys)], now)
+	}
+}
+
+func BenchmarkCheck100kTenantsParallel(b *testing.B) {
+	c := New("ingress", &policy.TenantCap{Header: "x-tenant-id", Rate: 1 << 30, Window: 60},
+		nil, window.NewMemory(clock.Real{}))
+	keys := make([][]byte, 100_000)
+	for i := range keys {
+		keys[i] = []byte("tenant-" + strconv.Itoa(i))
+	}
+	b.ReportAllocs()
+	b.ResetTimer()
+	b.RunParallel(func(pb *testing.PB) {
+		now := time.Now()
+		i := 0
+		for pb.Next() {
+			if i&1023 == 0 {
+				now = time.Now()
+			}
+			c.Check(keys[i%len(keys)], now)
+			i += 7
+		}
+	})
+}

@@ -1,0 +1,83 @@
+package window
+
+import (
+	"time"
+
+	"github.com/warden-dev/warden/policy"
+)
+
+// Scope is a family of windows that share a window size and a key space:
+// "tenant:ingress" at 1 s, "pool" at 60 s. Keys in different scopes never
+// collide. A Scope is created once per policy and reused on the hot path.
+type Scope struct {
+	Name   string
+	Window policy.Window
+	hash   uint64
+}
+
+// NewScope returns the scope name with windows of size w.
+func NewScope(name string, w policy.Window) *Scope {
+	return &Scope{Name: name, Window: w, hash: scopeHash(name, w)}
+}
+
+// Decision is the outcome of one Take.
+type Decision struct {
+	Allowed bool
+	Limit   int64
+	// Count is the window's count after the call: it includes this take when
+	// allowed and excludes it when refused (refused calls never count).
+	Count int64
+	// start and end bound the window the decision was made in, in unix
+	// nanoseconds; kept as integers so a decision costs no time arithmetic.
+	start, end int64
+	loc        *time.Location
+}
+
+// Start is when the decision's window began.
+func (d Decision) Start() time.Time { return time.Unix(0, d.start).In(d.loc) }
+
+// End is when the decision's window ends and its full allowance returns.
+func (d Decision) End() time.Time { return time.Unix(0, d.end).In(d.loc) }
+
+// ResetIn is the time left until End, measured from now.
+func (d Decision) ResetIn(now time.Time) time.Duration { return time.Duration(d.end - now.UnixNano()) }
+
+// Remaining is what is left of the allowance in the decision's window.
+func (d Decision) Remaining() int64 {
+	if r := d.Limit - d.Count; r > 0 {
+		return r
+	}
+	return 0
+}
+
+// Usage is one live window, for the admin API.
+type Usage struct {
+	Scope  string
+	Window policy.Window
+	Key    string
+	Count  int64
+	Start  time.Time
+	End    time.Time
+}
+
+// Counter counts takes per key in fixed windows. The memory implementation is
+// per process; a shared one lives in Redis. Implementations never count a
+// refused take.
+type Counter interface {
+	// Take adds n to key's current window at now if the window's count plus
+	// n stays within limit. The caller passes now so that one request reads
+	// the clock once for all of its controls.
+	Take(s *Scope, key []byte, limit, n int64, now time.Time) Decision
+	// Refund gives back n takes to key's window that started at start. It is
+	// a no-op once that window has ended: a later window never gets credit.
+	Refund(s *Scope, key []byte, start time.Time, n int64)
+	// Peek reports key's current window without taking.
+	Peek(s *Scope, key []byte, limit int64) Decision
+	// Reset restores the full allowance of key's current window without
+	// moving its boundary.
+	Reset(s *Scope, key []byte)
+	// ResetScope does Reset for every key of the scope.
+	ResetScope(s *Scope)
+	// Usage lists the live windows of the scope.
+	Usage(s *Scope) []Usage
+}

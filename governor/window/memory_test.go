@@ -1,0 +1,219 @@
+package window
+
+import (
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/warden-dev/warden/governor/clock"
+)
+
+var noon = time.Date(2026, 1, 5, 12, 0, 0, 0, time.UTC)
+
+// The worked example of seed 002: rate 3 per minute, first start at 12:00:17.
+func TestSeedExample(t *testing.T) {
+	clk := clock.NewFake(noon.Add(17 * time.Second))
+	m := NewMemory(clk)
+	s := NewScope("pool", 60)
+	key := []byte("salesforce")
+	steps := []struct {
+		at      string
+		allowed bool
+		count   int64
+	}{
+		{"12:00:17", true, 1},
+		{"12:00:25", true, 2},
+		{"12:00:50", true, 3},
+		{"12:00:59", false, 3},
+		{"12:01:00", true, 1},
+	}
+	for _, st := range steps {
+		at, _ := time.Parse("15:04:05", st.at)
+		clk.Set(time.Date(2026, 1, 5, at.Hour(), at.Minute(), at.Second(), 0, time.UTC))
+		d := m.Take(s, key, 3, 1, clk.Now())
+		if d.Allowed != st.allowed || d.Count != st.count {
+			t.Fatalf("%s: allowed=%v count=%d, want %v %d", st.at, d.Allowed, d.Count, st.allowed, st.count)
+		}
+		if st.at != "12:01:00" && !d.End().Equal(noon.Add(time.Minute)) {
+			t.Fatalf("%s: window ends %v, want 12:01:00", st.at, d.End())
+		}
+	}
+}
+
+func TestBoundaryBurstIsAtMostTwiceRate(t *testing.T) {
+	clk := clock.NewFake(noon.Add(59*time.Second + 900*time.Millisecond))
+	m := NewMemory(clk)
+	s := NewScope("pool", 60)
+	admitted := 0
+	for i := 0; i < 30; i++ {
+		if m.Take(s, []byte("k"), 10, 1, clk.Now()).Allowed {
+			admitted++
+		}
+	}
+	clk.Advance(200 * time.Millisecond) // across 12:01:00
+	for i := 0; i < 30; i++ {
+		if m.Take(s, []byte("k"), 10, 1, clk.Now()).Allowed {
+			admitted++
+		}
+	}
+	if admitted != 20 {
+		t.Fatalf("admitted %d within 200ms across the boundary, want exactly 2×rate = 20", admitted)
+	}
+}
+
+func TestCounterRules(t *testing.T) {
+	tests := []struct {
+		name string
+		run  func(t *testing.T, clk *clock.Fake, m *Memory, s *Scope)
+	}{
+		{"created mid-window gets the full allowance", func(t *testing.T, clk *clock.Fake, m *Memory, s *Scope) {
+			clk.Set(noon.Add(58 * time.Second))
+			for i := 0; i < 5; i++ {
+				if !m.Take(s, []byte("k"), 5, 1, clk.Now()).Allowed {
+					t.Fatalf("take %d refused", i+1)
+				}
+			}
+			if m.Take(s, []byte("k"), 5, 1, clk.Now()).Allowed {
+				t.Fatal("take over rate admitted")
+			}
+		}},
+		{"refused takes are not counted", func(t *testing.T, clk *clock.Fake, m *Memory, s *Scope) {
+			for i := 0; i < 10; i++ {
+				m.Take(s, []byte("k"), 2, 1, clk.Now())
+			}
+			if d := m.Peek(s, []byte("k"), 2); d.Count != 2 {
+				t.Fatalf("count %d after 10 takes at limit 2, want 2", d.Count)
+			}
+		}},
+		{"refund gives back a slot in the same window", func(t *testing.T, clk *clock.Fake, m *Memory, s *Scope) {
+			d := m.Take(s, []byte("k"), 1, 1, clk.Now())
+			m.Refund(s, []byte("k"), d.Start(), 1)
+			if !m.Take(s, []byte("k"), 1, 1, clk.Now()).Allowed {
+				t.Fatal("slot not refunded")
+			}
+		}},
+		{"refund never credits a later window", func(t *testing.T, clk *clock.Fake, m *Memory, s *Scope) {
+			d := m.Take(s, []byte("k"), 2, 1, clk.Now())
+			clk.Advance(time.Minute)
+			m.Take(s, []byte("k"), 2, 2, clk.Now())
+			m.Refund(s, []byte("k"), d.Start(), 1)
+			if m.Take(s, []byte("k"), 2, 1, clk.Now()).Allowed {
+				t.Fatal("refund from an old window credited the new one")
+			}
+		}},
+		{"reset restores the allowance without moving the boundary", func(t *testing.T, clk *clock.Fake, m *Memory, s *Scope) {
+			clk.Set(noon.Add(34*time.Minute + 45*time.Second))
+			m.Take(s, []byte("k"), 1, 1, clk.Now())
+			m.Reset(s, []byte("k"))
+			d := m.Take(s, []byte("k"), 1, 1, clk.Now())
+			if !d.Allowed {
+				t.Fatal("reset did not restore the allowance")
+			}
+			if want := noon.Add(35 * time.Minute); !d.End().Equal(want) {
+				t.Fatalf("window ends %v after reset, want %v", d.End(), want)
+			}
+		}},
+		{"reset scope touches only that scope", func(t *testing.T, clk *clock.Fake, m *Memory, s *Scope) {
+			other := NewScope("other", 60)
+			m.Take(s, []byte("a"), 1, 1, clk.Now())
+			m.Take(other, []byte("a"), 1, 1, clk.Now())
+			m.ResetScope(s)
+			if !m.Take(s, []byte("a"), 1, 1, clk.Now()).Allowed {
+				t.Fatal("scope not reset")
+			}
+			if m.Take(other, []byte("a"), 1, 1, clk.Now()).Allowed {
+				t.Fatal("other scope was reset too")
+			}
+		}},
+		{"same key in different scopes or window sizes never collides", func(t *testing.T, clk *clock.Fake, m *Memory, s *Scope) {
+			perSecond := NewScope(s.Name, 1)
+			m.Take(s, []byte("k"), 1, 1, clk.Now())
+			if !m.Take(perSecond, []byte("k"), 1, 1, clk.Now()).Allowed {
+				t.Fatal("1s window shared the 60s window's count")
+			}
+		}},
+		{"expired windows are dropped", func(t *testing.T, clk *clock.Fake, m *Memory, s *Scope) {
+			for i := 0; i < 100; i++ {
+				m.Take(s, []byte(strconv.Itoa(i)), 1, 1, clk.Now())
+			}
+			if n := len(m.Usage(s)); n != 100 {
+				t.Fatalf("%d live windows, want 100", n)
+			}
+			clk.Advance(time.Minute)
+			if n := len(m.Usage(s)); n != 0 {
+				t.Fatalf("%d live windows after expiry, want 0", n)
+			}
+			if dropped := m.Sweep(); dropped != 100 || m.Len() != 0 {
+				t.Fatalf("sweep dropped %d, %d left", dropped, m.Len())
+			}
+		}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			clk := clock.NewFake(noon.Add(10 * time.Second))
+			tc.run(t, clk, NewMemory(clk), NewScope("pool", 60))
+		})
+	}
+}
+
+// The data plane reads the clock once per request (fasthttp's RequestCtx.Time)
+// and hands that instant to every control, so benchmarks pass a time that
+// advances like request arrivals do rather than charging time.Now to the
+// decision.
+func BenchmarkTake(b *testing.B) {
+	m := NewMemory(clock.Real{})
+	s := NewScope("pool", 60)
+	key := []byte("stripe")
+	now := time.Now()
+	b.ReportAllocs()
+	for i := 0; i < b.N; i++ {
+		if i&1023 == 0 {
+			now = time.Now()
+		}
+		m.Take(s, key, 1<<62, 1, now)
+	}
+}
+
+func BenchmarkTakeParallel(b *testing.B) {
+	m := NewMemory(clock.Real{})
+	s := NewScope("pool", 60)
+	keys := tenantKeys(1024)
+	b.ReportAllocs()
+	b.RunParallel(func(pb *testing.PB) {
+		now := time.Now()
+		i := 0
+		for pb.Next() {
+			if i&1023 == 0 {
+				now = time.Now()
+			}
+			m.Take(s, keys[i&1023], 1<<62, 1, now)
+			i++
+		}
+	})
+}
+
+func tenantKeys(n int) [][]byte {
+	keys := make([][]byte, n)
+	for i := range keys {
+		keys[i] = []byte("tenant-" + strconv.Itoa(i))
+	}
+	return keys
+}
+
+func BenchmarkTake100kKeys(b *testing.B) {
+	m := NewMemory(clock.Real{})
+	s := NewScope("tenant", 60)
+	keys := tenantKeys(100_000)
+	now := time.Now()
+	for _, k := range keys {
+		m.Take(s, k, 1<<62, 1, now)
+	}
+	b.ReportAllocs()
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		if i&1023 == 0 {
+			now = time.Now()
+		}
+		m.Take(s, keys[i%len(keys)], 1<<62, 1, now)
+	}
+}
