@@ -1,0 +1,410 @@
+// Package pool implements warden's shared pools (SPEC §4): a concurrency gate
+// and a fixed-window rate gate, the most restrictive winning, with a bounded
+// wait queue served by priority, then age. Pools that share a cap_key share
+// one Pool: one counter, one concurrency limit, one queue.
+package pool
+
+import (
+	"container/heap"
+	"context"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/warden-dev/warden/governor/clock"
+	"github.com/warden-dev/warden/governor/metrics"
+	"github.com/warden-dev/warden/governor/window"
+	"github.com/warden-dev/warden/policy"
+)
+
+// Control names a pool can refuse with.
+const (
+	ControlRate        = "pool_rate"
+	ControlConcurrency = "pool_concurrency"
+	ControlQueue       = "pool_queue"
+)
+
+// Rejection says why a pool refused and when trying again makes sense.
+type Rejection struct {
+	Pool       string
+	Control    string
+	RetryAfter time.Duration // until the rate window ends; 0 when unknown (concurrency)
+	Waited     time.Duration
+}
+
+func (r *Rejection) Error() string {
+	if r.Waited > 0 {
+		return fmt.Sprintf("pool %s: %s after waiting %s", r.Pool, r.Control, r.Waited.Round(time.Millisecond))
+	}
+	return fmt.Sprintf("pool %s: %s", r.Pool, r.Control)
+}
+
+// Pool is one concurrency + rate gate and its wait queue.
+type Pool struct {
+	id      string
+	capKey  string
+	scope   *window.Scope
+	key     []byte
+	counter window.Counter
+	clk     clock.Clock
+
+	mu       sync.Mutex
+	cfg      policy.Pool
+	inFlight int
+	waiters  waitHeap
+	seq      uint64
+	timer    clock.Timer // armed at the window's end while waiters are held by the rate gate
+	timerAt  time.Time
+	onFree   []func()
+
+	gInFlight, gQueued, gCount prometheus.Gauge
+}
+
+func newPool(cfg policy.Pool, c window.Counter, clk clock.Clock, m *metrics.Metrics) *Pool {
+	id := cfg.ID()
+	p := &Pool{
+		id: id, capKey: cfg.CapKey, cfg: cfg, counter: c, clk: clk,
+		scope: window.NewScope("pool", cfg.Window), key: []byte(id),
+	}
+	if m != nil {
+		p.gInFlight = m.PoolInFlight.WithLabelValues(id)
+		p.gQueued = m.PoolQueued.WithLabelValues(id)
+		p.gCount = m.PoolWindowCount.WithLabelValues(id)
+	}
+	return p
+}
+
+// ID is the pool's counter identity: its name, or cap:KEY when shared.
+func (p *Pool) ID() string { return p.id }
+
+// Lease is an admission through a pool. The zero Lease is inert.
+type Lease struct {
+	p         *Pool
+	slot      bool // holds a concurrency slot
+	rated     bool // consumed a rate slot
+	windowEnd time.Time
+	start     time.Time
+}
+
+// Release frees the lease's concurrency slot: the response completed.
+func (l *Lease) Release() {
+	if l.p == nil || !l.slot {
+		return
+	}
+	l.slot = false
+	l.p.release()
+}
+
+// Refund gives the rate slot back when the admitted work never started (the
+// run was interrupted before delivery). It is a no-op once the window ended.
+func (l *Lease) Refund() {
+	if l.p == nil || !l.rated {
+		return
+	}
+	l.rated = false
+	l.p.counter.Refund(l.p.scope, l.p.key, l.start, 1)
+	l.p.dispatch()
+}
+
+// WindowStart is when the rate window the lease was counted in began; the
+// scheduler persists it so that recovery can refund the right window.
+func (l *Lease) WindowStart() time.Time { return l.start }
+
+// Acquire admits the caller through the pool at now, waiting in the queue
+// (priority first, then oldest) for at most max_wait when there is no room.
+// A refusal is a *Rejection naming the control.
+func (p *Pool) Acquire(ctx context.Context, priority int, now time.Time) (Lease, error) {
+	p.mu.Lock()
+	if len(p.waiters) == 0 {
+		if l, _, ok := p.tryLocked(now); ok {
+			p.mu.Unlock()
+			return l, nil
+		}
+	}
+	if p.cfg.Queue <= 0 || len(p.waiters) >= p.cfg.Queue {
+		p.mu.Unlock()
+		return Lease{}, &Rejection{Pool: p.id, Control: ControlQueue, RetryAfter: p.retryAfter(now)}
+	}
+	w := &waiter{priority: priority, seq: p.seq, ready: make(chan struct{})}
+	p.seq++
+	heap.Push(&p.waiters, w)
+	p.setQueued()
+	p.armLocked(now)
+	p.mu.Unlock()
+
+	var timeout <-chan time.Time
+	if p.cfg.MaxWait > 0 {
+		t := p.clk.NewTimer(p.cfg.MaxWait)
+		defer t.Stop()
+		timeout = t.C()
+	}
+	var cancelled error
+	select {
+	case <-w.ready:
+		return w.lease, nil
+	case <-timeout:
+	case <-ctx.Done():
+		cancelled = ctx.Err()
+	}
+	p.mu.Lock()
+	if w.granted {
+		// Admitted while we were giving up: keep the admission rather than
+		// waste a rate slot, unless the caller is gone.
+		p.mu.Unlock()
+		if cancelled != nil {
+			w.lease.Release()
+			w.lease.Refund()
+			return Lease{}, fmt.Errorf("pool %s: wait abandoned: %w", p.id, cancelled)
+		}
+		return w.lease, nil
+	}
+	heap.Remove(&p.waiters, w.index)
+	p.setQueued()
+	waited := p.clk.Now().Sub(now)
+	_, control, _ := p.blockedLocked(p.clk.Now())
+	p.mu.Unlock()
+	// Leaving may unblock those behind us (we were the head).
+	p.dispatch()
+	if cancelled != nil {
+		return Lease{}, fmt.Errorf("pool %s: wait abandoned: %w", p.id, cancelled)
+	}
+	return Lease{}, &Rejection{Pool: p.id, Control: control, RetryAfter: p.retryAfter(p.clk.Now()), Waited: waited}
+}
+
+// TryAcquire admits without waiting; it never queues. It reports the control
+// that refused. The scheduler uses it: runs wait in the durable queue, not
+// here.
+func (p *Pool) TryAcquire(now time.Time) (Lease, string, bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if len(p.waiters) > 0 {
+		_, control, _ := p.blockedLocked(now)
+		if control == "" {
+			control = ControlQueue
+		}
+		return Lease{}, control, false
+	}
+	return p.tryLocked(now)
+}
+
+// tryLocked takes a slot of both gates or neither.
+func (p *Pool) tryLocked(now time.Time) (Lease, string, bool) {
+	if p.cfg.Concurrency > 0 && p.inFlight >= p.cfg.Concurrency {
+		return Lease{}, ControlConcurrency, false
+	}
+	l := Lease{p: p}
+	if p.cfg.Rate > 0 {
+		d := p.counter.Take(p.scope, p.key, int64(p.cfg.Rate), 1, now)
+		if p.gCount != nil {
+			p.gCount.Set(float64(d.Count))
+		}
+		if !d.Allowed {
+			return Lease{}, ControlRate, false
+		}
+		l.rated, l.start, l.windowEnd = true, d.Start(), d.End()
+	}
+	if p.cfg.Concurrency > 0 {
+		p.inFlight++
+		l.slot = true
+		if p.gInFlight != nil {
+			p.gInFlight.Set(float64(p.inFlight))
+		}
+	}
+	return l, "", true
+}
+
+// blockedLocked reports which gate holds the head of the queue at now, and
+// when the rate gate reopens.
+func (p *Pool) blockedLocked(now time.Time) (time.Time, string, bool) {
+	if p.cfg.Concurrency > 0 && p.inFlight >= p.cfg.Concurrency {
+		return time.Time{}, ControlConcurrency, true
+	}
+	if p.cfg.Rate > 0 {
+		if d := p.counter.Peek(p.scope, p.key, int64(p.cfg.Rate)); !d.Allowed {
+			return d.End(), ControlRate, true
+		}
+	}
+	return time.Time{}, "", false
+}
+
+func (p *Pool) retryAfter(now time.Time) time.Duration {
+	if p.cfg.Rate <= 0 {
+		return 0
+	}
+	d := p.counter.Peek(p.scope, p.key, int64(p.cfg.Rate))
+	if d.Allowed {
+		return 0
+	}
+	return d.ResetIn(now)
+}
+
+func (p *Pool) release() {
+	p.mu.Lock()
+	p.inFlight--
+	if p.gInFlight != nil {
+		p.gInFlight.Set(float64(p.inFlight))
+	}
+	// Only waiters or subscribers care; skipping dispatch keeps the clock
+	// read off the uncontended path.
+	wanted := len(p.waiters) > 0 || len(p.onFree) > 0
+	p.mu.Unlock()
+	if wanted {
+		p.dispatch()
+	}
+}
+
+// dispatch admits waiters from the head of the queue while both gates have
+// room, then tells subscribers that capacity may be free.
+func (p *Pool) dispatch() {
+	now := p.clk.Now()
+	p.mu.Lock()
+	for len(p.waiters) > 0 {
+		l, _, ok := p.tryLocked(now)
+		if !ok {
+			break
+		}
+		w := heap.Pop(&p.waiters).(*waiter)
+		w.granted, w.lease = true, l
+		close(w.ready)
+	}
+	p.setQueued()
+	p.armLocked(now)
+	idle := len(p.waiters) == 0
+	subs := p.onFree
+	p.mu.Unlock()
+	if idle {
+		for _, f := range subs {
+			f()
+		}
+	}
+}
+
+// armLocked sets a timer at the end of the rate window when waiters are held
+// by the rate gate, so that they are released at the boundary.
+func (p *Pool) armLocked(now time.Time) {
+	if len(p.waiters) == 0 && len(p.onFree) == 0 {
+		return
+	}
+	end, control, blocked := p.blockedLocked(now)
+	if !blocked || control != ControlRate {
+		return
+	}
+	if p.timer != nil && p.timerAt.Equal(end) {
+		return
+	}
+	if p.timer != nil {
+		p.timer.Stop()
+	}
+	p.timerAt = end
+	p.timer = p.clk.AfterFunc(end.Sub(now), p.dispatch)
+}
+
+// OnFree registers f to be called whenever capacity may have become free
+// (a release, a refund, a window boundary, a reset) and no waiter took it.
+// f must not block.
+func (p *Pool) OnFree(f func()) {
+	p.mu.Lock()
+	p.onFree = append(p.onFree, f)
+	p.mu.Unlock()
+}
+
+// WatchWindow arms the boundary timer for subscribers that are waiting on
+// the rate gate outside the pool's own queue (the scheduler).
+func (p *Pool) WatchWindow() {
+	p.mu.Lock()
+	p.armLocked(p.clk.Now())
+	p.mu.Unlock()
+}
+
+// Reset restores the pool's full rate allowance without moving its boundary.
+// Concurrency counts are untouched.
+func (p *Pool) Reset() {
+	p.counter.Reset(p.scope, p.key)
+	if p.gCount != nil {
+		p.gCount.Set(0)
+	}
+	p.dispatch()
+}
+
+func (p *Pool) update(cfg policy.Pool) {
+	p.mu.Lock()
+	if cfg.Window != p.cfg.Window {
+		p.scope = window.NewScope("pool", cfg.Window)
+	}
+	p.cfg = cfg
+	p.mu.Unlock()
+	p.dispatch() // a larger limit may admit waiters
+}
+
+func (p *Pool) setQueued() {
+	if p.gQueued != nil {
+		p.gQueued.Set(float64(len(p.waiters)))
+	}
+}
+
+// Snapshot is a pool's state for GET /v1/pools.
+type Snapshot struct {
+	ID               string  `json:"id"`
+	CapKey           string  `json:"cap_key"`
+	Rate             int     `json:"rate"`
+	Window           int     `json:"window"`
+	Count            int64   `json:"count"`
+	Remaining        int64   `json:"remaining"`
+	ExpiresInSeconds float64 `json:"expires_in_seconds"`
+	Concurrency      int     `json:"concurrency"`
+	InFlight         int     `json:"in_flight"`
+	Queued           int     `json:"queued"`
+}
+
+// Snapshot reports the pool's state at now.
+func (p *Pool) Snapshot(now time.Time) Snapshot {
+	p.mu.Lock()
+	cfg, inFlight, queued := p.cfg, p.inFlight, len(p.waiters)
+	p.mu.Unlock()
+	s := Snapshot{ID: p.id, CapKey: p.capKey, Rate: cfg.Rate, Window: int(cfg.Window),
+		Concurrency: cfg.Concurrency, InFlight: inFlight, Queued: queued}
+	if cfg.Rate > 0 {
+		d := p.counter.Peek(p.scope, p.key, int64(cfg.Rate))
+		s.Count, s.Remaining = d.Count, d.Remaining()
+		s.ExpiresInSeconds = d.ResetIn(now).Seconds()
+	}
+	return s
+}
+
+type waiter struct {
+	priority int
+	seq      uint64
+	index    int
+	ready    chan struct{}
+	granted  bool
+	lease    Lease
+}
+
+// waitHeap orders waiters by priority (higher first), then arrival.
+type waitHeap []*waiter
+
+func (h waitHeap) Len() int { return len(h) }
+func (h waitHeap) Less(i, j int) bool {
+	if h[i].priority != h[j].priority {
+		return h[i].priority > h[j].priority
+	}
+	return h[i].seq < h[j].seq
+}
+func (h waitHeap) Swap(i, j int) {
+	h[i], h[j] = h[j], h[i]
+	h[i].index, h[j].index = i, j
+}
+func (h *waitHeap) Push(x any) {
+	w := x.(*waiter)
+	w.index = len(*h)
+	*h = append(*h, w)
+}
+func (h *waitHeap) Pop() any {
+	old := *h
+	w := old[len(old)-1]
+	old[len(old)-1] = nil
+	*h = old[:len(old)-1]
+	return w
+}
