@@ -1,0 +1,105 @@
+// Command benchtab turns `go test -bench` output read from stdin into the
+// comparison tables the bench targets print: each warden path beside the
+// baseline measured in the same run, with the ratio and the goal it is held
+// to. It prints only what was measured; a missing row is reported as missing.
+package main
+
+import (
+	"bufio"
+	"fmt"
+	"os"
+	"regexp"
+	"strconv"
+	"strings"
+)
+
+type result struct {
+	nsPerOp, bytesPerOp, allocsPerOp float64
+}
+
+// pair is one row: a warden benchmark, its baseline and the goals.
+type pair struct {
+	label, warden, baseline string
+	maxNs                   float64 // 0: no absolute goal
+	minRatio                float64 // baseline ns / warden ns must reach this
+}
+
+var tables = map[string][]pair{
+	"limits": {
+		{"fixed-window admit", "WardenWindowAdmit", "XRateAllow", 60, 1.5},
+		{"tenant cap, 100k tenants", "WardenTenantCheck100k", "XRateTenantMap100k", 60, 1.5},
+		{"breaker allow+record", "WardenBreakerAllowDone", "GobreakerExecute", 60, 1.5},
+	},
+}
+
+var line = regexp.MustCompile(`^Benchmark(\S+?)(?:-(\d+))?\s+\d+\s+([\d.]+) ns/op(?:\s+([\d.]+) B/op)?(?:\s+([\d.]+) allocs/op)?`)
+
+func main() {
+	if len(os.Args) != 2 || tables[os.Args[1]] == nil {
+		fmt.Fprintln(os.Stderr, "usage: benchtab limits < go-test-bench-output")
+		os.Exit(2)
+	}
+	res := map[string]map[int]result{} // name -> GOMAXPROCS -> result
+	var procs []int
+	seen := map[int]bool{}
+	sc := bufio.NewScanner(os.Stdin)
+	for sc.Scan() {
+		m := line.FindStringSubmatch(strings.TrimSpace(sc.Text()))
+		if m == nil {
+			continue
+		}
+		p := 1
+		if m[2] != "" {
+			p, _ = strconv.Atoi(m[2])
+		}
+		var r result
+		r.nsPerOp, _ = strconv.ParseFloat(m[3], 64)
+		r.bytesPerOp, _ = strconv.ParseFloat(m[4], 64)
+		r.allocsPerOp, _ = strconv.ParseFloat(m[5], 64)
+		if res[m[1]] == nil {
+			res[m[1]] = map[int]result{}
+		}
+		res[m[1]][p] = r
+		if !seen[p] {
+			seen[p] = true
+			procs = append(procs, p)
+		}
+	}
+	failed := false
+	fmt.Printf("%-26s %5s %12s %9s %14s %9s %8s  %s\n", "path", "procs", "warden ns/op", "allocs/op", "baseline ns/op", "allocs/op", "ratio", "goal")
+	for _, row := range tables[os.Args[1]] {
+		for _, p := range procs {
+			w, okW := res[row.warden][p]
+			b, okB := res[row.baseline][p]
+			if !okW || !okB {
+				fmt.Printf("%-26s %5d  missing: %s or %s not in the input\n", row.label, p, row.warden, row.baseline)
+				failed = true
+				continue
+			}
+			ratio := b.nsPerOp / w.nsPerOp
+			var goal []string
+			met := true
+			if row.maxNs > 0 {
+				goal = append(goal, fmt.Sprintf("≤%gns", row.maxNs))
+				met = met && w.nsPerOp <= row.maxNs
+			}
+			goal = append(goal, "0 allocs")
+			met = met && w.allocsPerOp == 0
+			if row.minRatio > 0 {
+				goal = append(goal, fmt.Sprintf("≥%.1f×", row.minRatio))
+				met = met && ratio >= row.minRatio
+			}
+			verdict := "met"
+			if !met {
+				verdict = "NOT met"
+			}
+			fmt.Printf("%-26s %5d %12.1f %9.0f %14.1f %9.0f %7.2f×  %s: %s\n",
+				row.label, p, w.nsPerOp, w.allocsPerOp, b.nsPerOp, b.allocsPerOp, ratio, strings.Join(goal, ", "), verdict)
+		}
+	}
+	fmt.Println("\nratio = baseline ns/op ÷ warden ns/op (higher is better for warden); procs = GOMAXPROCS.")
+	fmt.Println("baselines: golang.org/x/time/rate Limiter.Allow (per-tenant: a mutex-guarded map of limiters), sony/gobreaker/v2 Execute.")
+	if failed {
+		os.Exit(1)
+	}
+}

@@ -1,0 +1,152 @@
+// Package limits benchmarks the decision cost of warden's controls side by
+// side with the libraries a Go user would reach for instead:
+// golang.org/x/time/rate and github.com/sony/gobreaker/v2. `make
+// bench-limits` runs them at GOMAXPROCS 1 and 2 and prints the ratios.
+//
+// Every warden path is given the request's arrival time the way the data
+// plane does (one clock read per request, shared by all controls), refreshed
+// every 1024 operations; the baselines read their own clocks as they must.
+package limits
+
+import (
+	"errors"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/sony/gobreaker/v2"
+	"golang.org/x/time/rate"
+
+	"github.com/warden-dev/warden/governor/breaker"
+	"github.com/warden-dev/warden/governor/clock"
+	"github.com/warden-dev/warden/governor/tenant"
+	"github.com/warden-dev/warden/governor/window"
+	"github.com/warden-dev/warden/policy"
+)
+
+const unlimited = 1 << 60
+
+func BenchmarkWardenWindowAdmit(b *testing.B) {
+	m := window.NewMemory(clock.Real{})
+	s := window.NewScope("pool", 60)
+	key := []byte("stripe")
+	b.ReportAllocs()
+	b.RunParallel(func(pb *testing.PB) {
+		now, i := time.Now(), 0
+		for pb.Next() {
+			if i&1023 == 0 {
+				now = time.Now()
+			}
+			i++
+			m.Take(s, key, unlimited, 1, now)
+		}
+	})
+}
+
+func BenchmarkXRateAllow(b *testing.B) {
+	l := rate.NewLimiter(rate.Inf, 1)
+	l.SetLimit(1e12) // a finite limit so Allow does its token arithmetic
+	l.SetBurst(1 << 30)
+	b.ReportAllocs()
+	b.RunParallel(func(pb *testing.PB) {
+		for pb.Next() {
+			l.Allow()
+		}
+	})
+}
+
+func tenants(n int) [][]byte {
+	k := make([][]byte, n)
+	for i := range k {
+		k[i] = []byte("tenant-" + strconv.Itoa(i))
+	}
+	return k
+}
+
+func BenchmarkWardenTenantCheck100k(b *testing.B) {
+	caps := tenant.New("ingress", &policy.TenantCap{Header: "x-tenant-id", Rate: unlimited, Window: 60},
+		nil, window.NewMemory(clock.Real{}))
+	keys := tenants(100_000)
+	now := time.Now()
+	for _, k := range keys {
+		caps.Check(k, now)
+	}
+	b.ReportAllocs()
+	b.ResetTimer()
+	b.RunParallel(func(pb *testing.PB) {
+		now, i := time.Now(), int(time.Now().UnixNano()%100_000)
+		for pb.Next() {
+			if i&1023 == 0 {
+				now = time.Now()
+			}
+			caps.Check(keys[i%len(keys)], now)
+			i++
+		}
+	})
+}
+
+// What a Go service does without warden: one x/time/rate limiter per tenant
+// in a mutex-guarded map.
+func BenchmarkXRateTenantMap100k(b *testing.B) {
+	var mu sync.Mutex
+	lims := map[string]*rate.Limiter{}
+	keys := tenants(100_000)
+	get := func(k []byte) *rate.Limiter {
+		mu.Lock()
+		l := lims[string(k)]
+		if l == nil {
+			l = rate.NewLimiter(1e12, 1<<30)
+			lims[string(k)] = l
+		}
+		mu.Unlock()
+		return l
+	}
+	for _, k := range keys {
+		get(k)
+	}
+	b.ReportAllocs()
+	b.ResetTimer()
+	b.RunParallel(func(pb *testing.PB) {
+		i := int(time.Now().UnixNano() % 100_000)
+		for pb.Next() {
+			get(keys[i%len(keys)]).Allow()
+			i++
+		}
+	})
+}
+
+func BenchmarkWardenBreakerAllowDone(b *testing.B) {
+	br := breaker.New("stripe", policy.CircuitBreaker{Enabled: true, FailureRatio: 0.5, MinimumRequests: 10,
+		Window: 30 * time.Second, Open: 5 * time.Second, MaxOpen: time.Minute}, clock.Real{})
+	b.ReportAllocs()
+	b.RunParallel(func(pb *testing.PB) {
+		for pb.Next() {
+			t, _, ok := br.Allow()
+			if ok {
+				t.Done(breaker.Success)
+			}
+		}
+	})
+}
+
+var errUpstream = errors.New("upstream")
+
+func BenchmarkGobreakerExecute(b *testing.B) {
+	cb := gobreaker.NewCircuitBreaker[struct{}](gobreaker.Settings{
+		Name:         "stripe",
+		BucketPeriod: 1500 * time.Millisecond, // a 30 s rolling window in 20 buckets, like warden's
+		Interval:     30 * time.Second,
+		Timeout:      5 * time.Second,
+		ReadyToTrip: func(c gobreaker.Counts) bool {
+			return c.Requests >= 10 && float64(c.TotalFailures)/float64(c.Requests) >= 0.5
+		},
+	})
+	ok := func() (struct{}, error) { return struct{}{}, nil }
+	b.ReportAllocs()
+	b.RunParallel(func(pb *testing.PB) {
+		for pb.Next() {
+			_, _ = cb.Execute(ok)
+		}
+	})
+}

@@ -1,0 +1,132 @@
+package app
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"time"
+
+	"github.com/warden-dev/warden/policy"
+	"github.com/warden-dev/warden/proxy/admin"
+)
+
+// applyAdmin starts, moves or stops the admin listener to match p.
+func (a *App) applyAdmin(p *policy.Policy) error {
+	a.adminMu.Lock()
+	defer a.adminMu.Unlock()
+	want := ""
+	if p.Admin != nil {
+		want = p.Admin.Listen
+	}
+	if want == a.adminAddr && a.adminSrv != nil {
+		return nil
+	}
+	old := a.adminSrv
+	a.adminSrv, a.adminLn, a.adminAddr = nil, nil, ""
+	if old != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_ = old.Shutdown(ctx)
+	}
+	if want == "" {
+		return nil
+	}
+	ln, err := net.Listen("tcp", want)
+	if err != nil {
+		return fmt.Errorf("admin listener: %w", err)
+	}
+	srv := &http.Server{
+		Handler:           admin.Handler(admin.Config{TokenEnv: p.Admin.TokenEnv, Metrics: a.metrics, Sources: a.adminSources(), Log: a.log}),
+		ReadHeaderTimeout: 10 * time.Second,
+	}
+	go func() {
+		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			a.log.Error("admin listener stopped", "err", err)
+		}
+	}()
+	a.adminSrv, a.adminLn, a.adminAddr = srv, ln, want
+	return nil
+}
+
+func (a *App) adminSources() admin.Sources {
+	return admin.Sources{
+		Ready: a.ready,
+		Policy: func() admin.PolicyStatus {
+			p := a.holder.Load()
+			a.statusMu.Lock()
+			st := admin.PolicyStatus{
+				Source: p.Source, Hash: p.Hash, LoadedAt: p.LoadedAt.UTC().Format(time.RFC3339Nano),
+				LastReloadError: a.lastErr, Warnings: []string{},
+			}
+			if !a.lastReloadAt.IsZero() {
+				st.LastReloadAt = a.lastReloadAt.UTC().Format(time.RFC3339Nano)
+			}
+			a.statusMu.Unlock()
+			for _, w := range p.Warnings {
+				st.Warnings = append(st.Warnings, w.String())
+			}
+			return st
+		},
+		Reload: a.Reload,
+		Pools: func() any {
+			return a.gov.Current().Pools.Snapshots(a.clk.Now())
+		},
+		ResetPool: func(id string) bool {
+			p := a.gov.Current().Pools.ByID(id)
+			if p == nil {
+				return false
+			}
+			p.Reset()
+			return true
+		},
+		ResetPools: func() { a.gov.Current().Pools.ResetAll() },
+		Breakers:   func() any { return a.gov.Current().BreakerSnapshots() },
+		Tenants:    func() any { return a.gov.Current().TenantUsage(a.clk.Now()) },
+		Bridges: a.componentList(func(c Component) (func() any, bool) {
+			b, ok := c.(interface{ Bridges() any })
+			if !ok {
+				return nil, false
+			}
+			return b.Bridges, true
+		}),
+		Semaphores: a.componentList(func(c Component) (func() any, bool) {
+			s, ok := c.(interface{ Semaphores() any })
+			if !ok {
+				return nil, false
+			}
+			return s.Semaphores, true
+		}),
+		Queues: a.componentList(func(c Component) (func() any, bool) {
+			q, ok := c.(interface{ Queues() any })
+			if !ok {
+				return nil, false
+			}
+			return q.Queues, true
+		}),
+	}
+}
+
+// componentList finds the component serving a list endpoint; nil when none
+// does (that part of warden is not built in).
+func (a *App) componentList(pick func(Component) (func() any, bool)) func() any {
+	for _, c := range a.components {
+		if f, ok := pick(c); ok {
+			return f
+		}
+	}
+	return nil
+}
+
+// ready reports whether every started component can serve.
+func (a *App) ready() error {
+	for _, comp := range a.components {
+		if r, ok := comp.(interface{ Ready() error }); ok {
+			if err := r.Ready(); err != nil {
+				return fmt.Errorf("%s: %w", comp.Name(), err)
+			}
+		}
+	}
+	return nil
+}

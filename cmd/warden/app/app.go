@@ -1,0 +1,261 @@
+// Package app runs one warden process: it loads the policy, builds the
+// governor, starts the admin listener and every component the policy turns
+// on, reloads on SIGHUP, file change or POST /v1/policy/reload, and drains on
+// shutdown. Tests start whole in-process instances through it.
+package app
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"sync"
+	"time"
+
+	"github.com/warden-dev/warden/governor"
+	"github.com/warden-dev/warden/governor/clock"
+	"github.com/warden-dev/warden/governor/metrics"
+	"github.com/warden-dev/warden/governor/window"
+	"github.com/warden-dev/warden/policy"
+	"github.com/warden-dev/warden/proxy/admin"
+)
+
+// Options configure an App.
+type Options struct {
+	PolicyFile string
+	DataDir    string
+	Log        *slog.Logger
+	Version    string
+	Clock      clock.Clock // nil: the real clock
+	// WatchFile turns on reloading when the policy file changes (on by
+	// default in New; tests may turn it off).
+	NoWatch bool
+}
+
+// Component is a part of warden that a policy section turns on: a listener,
+// the scheduler, the bridges. Apply starts it, reconfigures it for a
+// reloaded policy, or stops it when its section is gone; Shutdown drains it.
+type Component interface {
+	Name() string
+	Apply(ctx context.Context, c *governor.Controls) error
+	Shutdown(ctx context.Context) error
+}
+
+// App is one running warden.
+type App struct {
+	opts    Options
+	log     *slog.Logger
+	clk     clock.Clock
+	metrics *metrics.Metrics
+	holder  *policy.Holder
+	gov     *governor.Governor
+	counter *window.Memory
+
+	components []Component
+
+	reloadMu     sync.Mutex
+	statusMu     sync.Mutex
+	lastErr      string
+	lastReloadAt time.Time
+
+	adminMu   sync.Mutex
+	adminSrv  *http.Server
+	adminAddr string
+	adminLn   net.Listener
+}
+
+// New loads and validates the policy and builds the process's controls; it
+// binds nothing yet.
+func New(opts Options) (*App, error) {
+	if opts.Log == nil {
+		opts.Log = slog.New(slog.NewTextHandler(os.Stderr, nil))
+	}
+	if opts.Clock == nil {
+		opts.Clock = clock.Real{}
+	}
+	p, err := policy.Load(opts.PolicyFile)
+	if err != nil {
+		return nil, fmt.Errorf("load policy: %w", err)
+	}
+	a := &App{
+		opts:    opts,
+		log:     opts.Log,
+		clk:     opts.Clock,
+		metrics: metrics.New(),
+		holder:  policy.NewHolder(p),
+	}
+	a.counter = window.NewMemory(a.clk)
+	a.gov = governor.New(a.clk, a.metrics, a.counter)
+	a.logWarnings(p)
+	a.gov.Apply(p)
+	a.components = a.buildComponents()
+	a.metrics.PolicyInfo.WithLabelValues(p.Hash).Set(1)
+	return a, nil
+}
+
+// Governor exposes the controls, for tests and embedding.
+func (a *App) Governor() *governor.Governor { return a.gov }
+
+// Metrics exposes the metric set.
+func (a *App) Metrics() *metrics.Metrics { return a.metrics }
+
+// AdminAddr is the admin listener's bound address ("" when off).
+func (a *App) AdminAddr() string {
+	a.adminMu.Lock()
+	defer a.adminMu.Unlock()
+	if a.adminLn == nil {
+		return ""
+	}
+	return a.adminLn.Addr().String()
+}
+
+// Run starts everything and blocks until ctx ends, reloading whenever hup
+// delivers; then it drains within the policy's shutdown_grace.
+func (a *App) Run(ctx context.Context, hup <-chan os.Signal) error {
+	if err := a.start(ctx); err != nil {
+		a.shutdown()
+		return err
+	}
+	var fileChanged <-chan struct{}
+	if !a.opts.NoWatch {
+		w, err := watchFile(a.opts.PolicyFile, a.log)
+		if err != nil {
+			a.log.Warn("policy file not watched; reload with SIGHUP or POST /v1/policy/reload", "err", err)
+		} else {
+			defer w.Close()
+			fileChanged = w.Changed()
+		}
+	}
+	sweep := a.clk.NewTimer(sweepEvery)
+	defer sweep.Stop()
+	a.log.Info("warden running", "version", a.opts.Version, "policy", a.opts.PolicyFile,
+		"hash", a.holder.Load().Hash, "admin", a.AdminAddr())
+	for {
+		select {
+		case <-ctx.Done():
+			return a.shutdown()
+		case <-hup:
+			a.log.Info("SIGHUP: reloading policy")
+			_ = a.Reload()
+		case <-fileChanged:
+			a.log.Info("policy file changed: reloading")
+			_ = a.Reload()
+		case <-sweep.C():
+			if n := a.counter.Sweep(); n > 0 {
+				a.log.Debug("expired windows dropped", "count", n)
+			}
+			sweep.Reset(sweepEvery)
+		}
+	}
+}
+
+// sweepEvery bounds how long an expired window stays in memory.
+const sweepEvery = 10 * time.Second
+
+func (a *App) start(ctx context.Context) error {
+	c := a.gov.Current()
+	if err := a.applyAdmin(c.Policy); err != nil {
+		return err
+	}
+	for _, comp := range a.components {
+		if err := comp.Apply(ctx, c); err != nil {
+			return fmt.Errorf("start %s: %w", comp.Name(), err)
+		}
+	}
+	return nil
+}
+
+// Reload re-reads the policy file. A file that fails validation leaves the
+// running policy in force and is reported in the log, in /v1/policy and in
+// warden_policy_reload_errors_total.
+func (a *App) Reload() error {
+	a.reloadMu.Lock()
+	defer a.reloadMu.Unlock()
+	now := a.clk.Now()
+	p, err := policy.Load(a.opts.PolicyFile)
+	if err != nil {
+		a.metrics.PolicyReloadErrors.Inc()
+		a.setStatus(err.Error(), now)
+		var errs policy.Errors
+		if errors.As(err, &errs) {
+			for _, e := range errs {
+				a.log.Error("policy reload refused; keeping the running policy", "error", e.String())
+			}
+		} else {
+			a.log.Error("policy reload refused; keeping the running policy", "err", err)
+		}
+		return err
+	}
+	old := a.holder.Load()
+	if p.Hash == old.Hash {
+		a.setStatus("", now)
+		a.log.Info("policy unchanged", "hash", p.Hash)
+		return nil
+	}
+	a.logWarnings(p)
+	a.holder.Swap(p)
+	c := a.gov.Apply(p)
+	a.metrics.PolicyInfo.Reset()
+	a.metrics.PolicyInfo.WithLabelValues(p.Hash).Set(1)
+	var applyErrs []error
+	if err := a.applyAdmin(p); err != nil {
+		applyErrs = append(applyErrs, err)
+	}
+	for _, comp := range a.components {
+		if err := comp.Apply(context.Background(), c); err != nil {
+			applyErrs = append(applyErrs, fmt.Errorf("%s: %w", comp.Name(), err))
+		}
+	}
+	a.metrics.PolicyReloads.Inc()
+	if err := errors.Join(applyErrs...); err != nil {
+		a.setStatus(err.Error(), now)
+		a.log.Error("policy reloaded with errors", "hash", p.Hash, "err", err)
+		return err
+	}
+	a.setStatus("", now)
+	a.log.Info("policy reloaded", "hash", p.Hash, "previous", old.Hash)
+	return nil
+}
+
+func (a *App) setStatus(errText string, at time.Time) {
+	a.statusMu.Lock()
+	a.lastErr, a.lastReloadAt = errText, at
+	a.statusMu.Unlock()
+}
+
+func (a *App) logWarnings(p *policy.Policy) {
+	for _, w := range p.Warnings {
+		a.log.Warn("policy warning", "warning", w.String())
+	}
+}
+
+func (a *App) shutdown() error {
+	grace := a.holder.Load().ShutdownGrace
+	ctx, cancel := context.WithTimeout(context.Background(), grace)
+	defer cancel()
+	a.log.Info("draining", "grace", grace)
+	var errs []error
+	// Components in reverse start order: listeners stop taking work before
+	// what they feed is drained.
+	for i := len(a.components) - 1; i >= 0; i-- {
+		if err := a.components[i].Shutdown(ctx); err != nil {
+			errs = append(errs, fmt.Errorf("%s: %w", a.components[i].Name(), err))
+		}
+	}
+	a.adminMu.Lock()
+	srv := a.adminSrv
+	a.adminMu.Unlock()
+	if srv != nil {
+		if err := srv.Shutdown(ctx); err != nil {
+			errs = append(errs, fmt.Errorf("admin: %w", err))
+		}
+	}
+	if err := errors.Join(errs...); err != nil {
+		return err
+	}
+	a.log.Info("stopped")
+	return nil
+}

@@ -1,0 +1,16 @@
+package app
+
+// buildComponents lists, in start order, every component a policy can turn
+// on. Each is started by Apply when its section is present, reconfigured on
+// reload and stopped when its section disappears; shutdown runs in reverse
+// order so listeners stop taking work before what they feed drains.
+//
+// Optional methods a component may have, found by the admin API:
+//
+//	Ready() error          // /readyz
+//	Bridges() any          // GET /v1/bridges
+//	Semaphores() any       // GET /v1/semaphores
+//	Queues() any           // GET /v1/queues
+func (a *App) buildComponents() []Component {
+	return nil
+}

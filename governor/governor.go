@@ -1,0 +1,111 @@
+// Package governor assembles warden's controls for one policy: pools, tenant
+// caps, circuit breakers and retry policies, rebuilt on every reload with the
+// state of unchanged controls carried over. The data plane and the scheduler
+// read the current Controls with one atomic load per request.
+package governor
+
+import (
+	"sort"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/warden-dev/warden/governor/clock"
+	"github.com/warden-dev/warden/governor/metrics"
+	"github.com/warden-dev/warden/governor/pool"
+	"github.com/warden-dev/warden/governor/tenant"
+	"github.com/warden-dev/warden/governor/window"
+	"github.com/warden-dev/warden/policy"
+)
+
+// Controls is every control of one policy. It is immutable once published;
+// the controls inside carry their own synchronised state.
+type Controls struct {
+	Policy      *policy.Policy
+	Pools       *pool.Set
+	IngressCaps *tenant.Caps // nil: no ingress tenant cap
+	EgressCaps  *tenant.Caps // nil: no egress tenant cap
+	Targets     map[string]*Target
+}
+
+// Governor owns the controls across reloads.
+type Governor struct {
+	clk     clock.Clock
+	m       *metrics.Metrics
+	counter window.Counter
+	mu      sync.Mutex // serialises Apply
+	cur     atomic.Pointer[Controls]
+}
+
+// New returns a governor counting windows in counter. Call Apply before
+// Current.
+func New(clk clock.Clock, m *metrics.Metrics, counter window.Counter) *Governor {
+	return &Governor{clk: clk, m: m, counter: counter}
+}
+
+// Clock is the governor's time source.
+func (g *Governor) Clock() clock.Clock { return g.clk }
+
+// Counter is the window counter every control shares.
+func (g *Governor) Counter() window.Counter { return g.counter }
+
+// Metrics is the process's metric set.
+func (g *Governor) Metrics() *metrics.Metrics { return g.m }
+
+// Current returns the controls in force.
+func (g *Governor) Current() *Controls { return g.cur.Load() }
+
+// Apply builds the controls of p and publishes them. Pools and targets that
+// keep their name and settings keep their state (breaker state, retry
+// budget, in-flight counts, windows); windows live in the counter, so tenant
+// counts survive any reload.
+func (g *Governor) Apply(p *policy.Policy) *Controls {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	old := g.cur.Load()
+	c := &Controls{Policy: p, Targets: map[string]*Target{}}
+	if old == nil {
+		c.Pools = pool.NewSet(p.Pools, g.counter, g.clk, g.m)
+	} else {
+		c.Pools = old.Pools.Rebuild(p.Pools)
+	}
+	if p.Ingress != nil {
+		c.IngressCaps = tenant.New("ingress", p.Ingress.Tenant, p.Ingress.Tenants, g.counter)
+	}
+	if p.Egress != nil {
+		c.EgressCaps = tenant.New("egress", p.Egress.Tenant, p.Egress.Tenants, g.counter)
+	}
+	for _, t := range p.Targets {
+		var prev *Target
+		if old != nil {
+			prev = old.Targets[t.Name]
+		}
+		c.Targets[t.Name] = g.buildTarget(t, prev, c.Pools)
+	}
+	if old != nil && g.m != nil {
+		for name := range old.Targets {
+			if _, ok := c.Targets[name]; !ok {
+				g.m.BreakerState.DeleteLabelValues(name)
+			}
+		}
+	}
+	g.cur.Store(c)
+	return c
+}
+
+// TenantUsage lists the live tenant windows of both listeners.
+func (c *Controls) TenantUsage(now time.Time) []tenant.Usage {
+	var out []tenant.Usage
+	for _, caps := range []*tenant.Caps{c.IngressCaps, c.EgressCaps} {
+		if caps != nil {
+			out = append(out, caps.Usage(now)...)
+		}
+	}
+	sort.Slice(out, func(i, j int) bool {
+		if out[i].Listener != out[j].Listener {
+			return out[i].Listener < out[j].Listener
+		}
+		return out[i].Tenant < out[j].Tenant
+	})
+	return out
+}

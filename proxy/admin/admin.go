@@ -1,0 +1,194 @@
+// Package admin serves warden's admin API (SPEC §8): health, readiness,
+// Prometheus metrics, the state of every control, resets and reloads.
+//
+// The admin listener is plain net/http: it is off the data path, and
+// promhttp and the JSON encoders are written for it.
+package admin
+
+import (
+	"crypto/subtle"
+	"encoding/json"
+	"errors"
+	"log/slog"
+	"net/http"
+	"os"
+	"reflect"
+	"strings"
+
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/warden-dev/warden/governor/metrics"
+)
+
+// PolicyStatus is the body of GET /v1/policy.
+type PolicyStatus struct {
+	Source          string   `json:"source"`
+	Hash            string   `json:"hash"`
+	LoadedAt        string   `json:"loaded_at"`
+	LastReloadError string   `json:"last_reload_error"`
+	LastReloadAt    string   `json:"last_reload_at,omitempty"`
+	Warnings        []string `json:"warnings"`
+}
+
+// Sources is where the admin API reads state and sends commands. A nil list
+// source serves an empty list: that part of warden is off. Each func is
+// called per request and must be safe for concurrent use.
+type Sources struct {
+	Ready  func() error // nil error: ready
+	Policy func() PolicyStatus
+	Reload func() error
+
+	Pools      func() any
+	ResetPool  func(id string) bool // false: no such pool
+	ResetPools func()
+	Breakers   func() any
+	Tenants    func() any
+	Bridges    func() any
+	Semaphores func() any
+	Queues     func() any
+}
+
+// Config is the admin listener's configuration.
+type Config struct {
+	TokenEnv string // environment variable holding the bearer token
+	Metrics  *metrics.Metrics
+	Sources  Sources
+	Log      *slog.Logger
+}
+
+// Handler returns the admin API.
+func Handler(cfg Config) http.Handler {
+	s := &server{cfg: cfg}
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
+		writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
+	})
+	mux.HandleFunc("GET /readyz", s.readyz)
+	mux.Handle("GET /metrics", promhttp.HandlerFor(cfg.Metrics.Registry, promhttp.HandlerOpts{
+		ErrorLog: slog.NewLogLogger(cfg.Log.Handler(), slog.LevelError),
+	}))
+	mux.HandleFunc("GET /v1/policy", func(w http.ResponseWriter, r *http.Request) {
+		if cfg.Sources.Policy == nil {
+			writeError(w, http.StatusServiceUnavailable, "no policy loaded")
+			return
+		}
+		writeJSON(w, http.StatusOK, cfg.Sources.Policy())
+	})
+	mux.HandleFunc("POST /v1/policy/reload", s.authorized(s.reload))
+	mux.HandleFunc("GET /v1/pools", list(cfg.Sources.Pools))
+	mux.HandleFunc("POST /v1/pools/reset", s.authorized(func(w http.ResponseWriter, r *http.Request) {
+		if cfg.Sources.ResetPools != nil {
+			cfg.Sources.ResetPools()
+		}
+		cfg.Log.Info("all pools reset", "remote", r.RemoteAddr)
+		writeJSON(w, http.StatusOK, map[string]string{"status": "reset"})
+	}))
+	mux.HandleFunc("POST /v1/pools/{id}/reset", s.authorized(func(w http.ResponseWriter, r *http.Request) {
+		id := r.PathValue("id")
+		if cfg.Sources.ResetPool == nil || !cfg.Sources.ResetPool(id) {
+			writeError(w, http.StatusNotFound, "no pool "+id)
+			return
+		}
+		cfg.Log.Info("pool reset", "pool", id, "remote", r.RemoteAddr)
+		writeJSON(w, http.StatusOK, map[string]string{"status": "reset", "id": id})
+	}))
+	mux.HandleFunc("GET /v1/breakers", list(cfg.Sources.Breakers))
+	mux.HandleFunc("GET /v1/tenants", list(cfg.Sources.Tenants))
+	mux.HandleFunc("GET /v1/bridges", list(cfg.Sources.Bridges))
+	mux.HandleFunc("GET /v1/semaphores", list(cfg.Sources.Semaphores))
+	mux.HandleFunc("GET /v1/queues", list(cfg.Sources.Queues))
+	return mux
+}
+
+type server struct{ cfg Config }
+
+func (s *server) readyz(w http.ResponseWriter, r *http.Request) {
+	if s.cfg.Sources.Ready != nil {
+		if err := s.cfg.Sources.Ready(); err != nil {
+			writeError(w, http.StatusServiceUnavailable, err.Error())
+			return
+		}
+	}
+	writeJSON(w, http.StatusOK, map[string]string{"status": "ready"})
+}
+
+func (s *server) reload(w http.ResponseWriter, r *http.Request) {
+	if s.cfg.Sources.Reload == nil {
+		writeError(w, http.StatusServiceUnavailable, "reload unavailable")
+		return
+	}
+	if err := s.cfg.Sources.Reload(); err != nil {
+		var lines []string
+		for _, l := range strings.Split(err.Error(), "\n") {
+			if l != "" {
+				lines = append(lines, l)
+			}
+		}
+		writeJSON(w, http.StatusUnprocessableEntity, map[string]any{"status": "rejected", "errors": lines})
+		return
+	}
+	writeJSON(w, http.StatusOK, s.cfg.Sources.Policy())
+}
+
+// authorized enforces SPEC §8: every POST needs the bearer token; with no
+// token configured mutating calls are disabled (403), so an admin port
+// exposed by mistake cannot reset limits.
+func (s *server) authorized(next http.HandlerFunc) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		token := ""
+		if s.cfg.TokenEnv != "" {
+			token = os.Getenv(s.cfg.TokenEnv)
+		}
+		if token == "" {
+			writeError(w, http.StatusForbidden, "mutating admin calls are disabled: set "+tokenName(s.cfg.TokenEnv)+" to enable them")
+			return
+		}
+		got, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
+		if !ok || !constantTimeEqual(got, token) {
+			w.Header().Set("WWW-Authenticate", `Bearer realm="warden-admin"`)
+			writeError(w, http.StatusUnauthorized, "missing or wrong bearer token")
+			return
+		}
+		next(w, r)
+	}
+}
+
+func tokenName(env string) string {
+	if env == "" {
+		return "admin.token_env"
+	}
+	return env
+}
+
+func constantTimeEqual(a, b string) bool {
+	return subtle.ConstantTimeCompare([]byte(a), []byte(b)) == 1
+}
+
+func list(src func() any) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		if src == nil {
+			writeJSON(w, http.StatusOK, []any{})
+			return
+		}
+		v := src()
+		// A nil slice would encode as null; lists are always arrays.
+		if rv := reflect.ValueOf(v); !rv.IsValid() || (rv.Kind() == reflect.Slice && rv.IsNil()) {
+			v = []any{}
+		}
+		writeJSON(w, http.StatusOK, v)
+	}
+}
+
+func writeJSON(w http.ResponseWriter, code int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(code)
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	if err := enc.Encode(v); err != nil && !errors.Is(err, http.ErrHandlerTimeout) {
+		return // the client went away; nothing to tell it
+	}
+}
+
+func writeError(w http.ResponseWriter, code int, msg string) {
+	writeJSON(w, code, map[string]string{"error": msg})
+}
