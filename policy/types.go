@@ -4,6 +4,9 @@
 //
 // A *Policy returned by Load or Parse is immutable: nothing in warden writes
 // to it after loading, so it may be shared between goroutines freely.
+//
+// The `yaml` tags name the keys; the `check` tags state single-value rules
+// the decoder enforces (see checks.go). Key-by-key reference: REFERENCE.md.
 package policy
 
 import "time"
@@ -28,9 +31,11 @@ const (
 
 // Policy is a whole decoded, validated policy file with defaults filled in.
 // A nil section pointer means the section is absent and that part of warden
-// is off.
+// is off. Every Target holds its effective settings (egress.defaults and
+// the built-ins merged in; CircuitBreaker and Retry never nil), and every
+// Definition's Retry is non-nil, so consumers never merge defaults.
 type Policy struct {
-	Version       int           `yaml:"version"`
+	Version       int           `yaml:"version" check:"required"`
 	ShutdownGrace time.Duration `yaml:"shutdown_grace"`
 	Admin         *Admin        `yaml:"admin"`
 	Backend       Backend       `yaml:"backend"`
@@ -52,29 +57,29 @@ type Policy struct {
 
 // Admin is the admin listener.
 type Admin struct {
-	Listen   string `yaml:"listen"`
-	TokenEnv string `yaml:"token_env"`
+	Listen   string `yaml:"listen" check:"required,listen"`
+	TokenEnv string `yaml:"token_env" check:"env"`
 }
 
 // Backend says where shared counters live.
 type Backend struct {
-	Kind    string `yaml:"kind"`     // memory (default) | redis
-	URL     string `yaml:"url"`      // redis only
-	OnError string `yaml:"on_error"` // fail_open (default) | fail_closed
+	Kind    string `yaml:"kind" check:"oneof=memory|redis"`              // memory (default) | redis
+	URL     string `yaml:"url"`                                          // redis only
+	OnError string `yaml:"on_error" check:"oneof=fail_open|fail_closed"` // fail_open (default) | fail_closed
 }
 
 // Ingress is the listener in front of the worker.
 type Ingress struct {
-	Listen  string           `yaml:"listen"`
-	Worker  string           `yaml:"worker"`
+	Listen  string           `yaml:"listen" check:"required,listen"`
+	Worker  string           `yaml:"worker" check:"required,url=http|https"`
 	Tenant  *TenantCap       `yaml:"tenant"`
 	Tenants map[string]Limit `yaml:"tenants"`
 }
 
 // Egress is the worker's outbound proxy.
 type Egress struct {
-	HTTPListen    string           `yaml:"http_listen"`
-	GRPCListen    string           `yaml:"grpc_listen"`
+	HTTPListen    string           `yaml:"http_listen" check:"listen"`
+	GRPCListen    string           `yaml:"grpc_listen" check:"listen"`
 	AllowUnlisted bool             `yaml:"allow_unlisted"`
 	Tenant        *TenantCap       `yaml:"tenant"`
 	Tenants       map[string]Limit `yaml:"tenants"`
@@ -84,15 +89,15 @@ type Egress struct {
 // TenantCap is the default per-tenant fixed-window cap and where the tenant
 // comes from.
 type TenantCap struct {
-	Header string `yaml:"header"`
-	Rate   int    `yaml:"rate"`
-	Window Window `yaml:"window"`
+	Header string `yaml:"header" check:"header"`
+	Rate   int    `yaml:"rate" check:"required"`
+	Window Window `yaml:"window" check:"required"`
 }
 
 // Limit is a rate per fixed window.
 type Limit struct {
-	Rate   int    `yaml:"rate"`
-	Window Window `yaml:"window"`
+	Rate   int    `yaml:"rate" check:"required"`
+	Window Window `yaml:"window" check:"required"`
 }
 
 // TargetDefaults apply to every target that does not set the field itself.
@@ -107,9 +112,9 @@ type TargetDefaults struct {
 // Target is an outbound destination with its own controls. Exactly one of
 // Hosts or GRPCService selects it.
 type Target struct {
-	Name           string          `yaml:"name"`
-	Hosts          []string        `yaml:"hosts"`
-	GRPCService    string          `yaml:"grpc_service"`
+	Name           string          `yaml:"name" check:"required,name"`
+	Hosts          []string        `yaml:"hosts" check:"host"`
+	GRPCService    string          `yaml:"grpc_service" check:"service"`
 	Upstream       string          `yaml:"upstream"`
 	MaxConnections int             `yaml:"max_connections"`
 	IdleTimeout    time.Duration   `yaml:"idle_timeout"`
@@ -123,11 +128,11 @@ type Target struct {
 // CircuitBreaker settings; see SPEC §4.
 type CircuitBreaker struct {
 	Enabled         bool          `yaml:"enabled"`
-	FailureRatio    float64       `yaml:"failure_ratio"`
+	FailureRatio    float64       `yaml:"failure_ratio" check:"ratio"`
 	MinimumRequests int           `yaml:"minimum_requests"`
-	Window          time.Duration `yaml:"window"`
-	Open            time.Duration `yaml:"open"`
-	MaxOpen         time.Duration `yaml:"max_open"`
+	Window          time.Duration `yaml:"window" check:"positive"`
+	Open            time.Duration `yaml:"open" check:"positive"`
+	MaxOpen         time.Duration `yaml:"max_open" check:"positive"`
 }
 
 // Retry logic names.
@@ -140,13 +145,13 @@ const (
 // Retry is a retry policy; see SPEC §4.
 type Retry struct {
 	Count        int           `yaml:"count"`
-	Logic        string        `yaml:"logic"`
+	Logic        string        `yaml:"logic" check:"oneof=fixed|linear_backoff|exponential_backoff"`
 	Delay        time.Duration `yaml:"delay"`
-	Scale        float64       `yaml:"scale"`
+	Scale        float64       `yaml:"scale" check:"positive"`
 	MaxDelay     time.Duration `yaml:"max_delay"`
-	Jitter       float64       `yaml:"jitter"`
-	Budget       float64       `yaml:"budget"`
-	NonRetryable []string      `yaml:"non_retryable"`
+	Jitter       float64       `yaml:"jitter" check:"ratio"`
+	Budget       float64       `yaml:"budget" check:"ratio"`
+	NonRetryable []string      `yaml:"non_retryable" check:"nonempty"`
 }
 
 // Pool is a shared concurrency + fixed-window gate.
@@ -178,11 +183,11 @@ const (
 
 // Bridge is a capped, reaped database connection listener.
 type Bridge struct {
-	Name                     string        `yaml:"name"`
-	Listen                   string        `yaml:"listen"`
-	Upstream                 string        `yaml:"upstream"`
-	Protocol                 string        `yaml:"protocol"`
-	MaxConnections           int           `yaml:"max_connections"`
+	Name                     string        `yaml:"name" check:"required,name"`
+	Listen                   string        `yaml:"listen" check:"required,listen"`
+	Upstream                 string        `yaml:"upstream" check:"required,hostport"`
+	Protocol                 string        `yaml:"protocol" check:"oneof=postgres|tcp"`
+	MaxConnections           int           `yaml:"max_connections" check:"min=1"`
 	WaitTimeout              time.Duration `yaml:"wait_timeout"`
 	IdleTimeout              time.Duration `yaml:"idle_timeout"`
 	IdleInTransactionTimeout time.Duration `yaml:"idle_in_transaction_timeout"`
@@ -192,19 +197,19 @@ type Bridge struct {
 
 // Scheduler is the durable run queue in front of the worker.
 type Scheduler struct {
-	PathPrefix          string                `yaml:"path_prefix"`
-	RunPath             string                `yaml:"run_path"`
-	Lanes               int                   `yaml:"lanes"`
-	WorkerMaxConcurrent int                   `yaml:"worker_max_concurrent"`
+	PathPrefix          string                `yaml:"path_prefix" check:"path"`
+	RunPath             string                `yaml:"run_path" check:"path"`
+	Lanes               int                   `yaml:"lanes" check:"min=1"`
+	WorkerMaxConcurrent int                   `yaml:"worker_max_concurrent" check:"min=1"`
 	Store               Store                 `yaml:"store"`
-	Semaphores          map[string]int        `yaml:"semaphores"`
+	Semaphores          map[string]int        `yaml:"semaphores" check:"min=1"`
 	Definitions         map[string]Definition `yaml:"definitions"`
 }
 
 // Store says where runs are kept.
 type Store struct {
-	Kind string `yaml:"kind"` // bbolt (default) | postgres | memory
-	URL  string `yaml:"url"`  // postgres only
+	Kind string `yaml:"kind" check:"oneof=bbolt|memory|postgres"` // bbolt (default) | postgres | memory
+	URL  string `yaml:"url"`                                      // postgres only
 }
 
 // Definition is a kind of run the worker accepts.
@@ -214,7 +219,7 @@ type Definition struct {
 	KeyConcurrency         int           `yaml:"key_concurrency"` // 0 = no key gate
 	Pool                   string        `yaml:"pool"`
 	Semaphores             []string      `yaml:"semaphores"`
-	Priority               int           `yaml:"priority"`
+	Priority               int           `yaml:"priority" check:"signed"`
 	Retry                  *Retry        `yaml:"retry"`
 	ScheduleToStartTimeout time.Duration `yaml:"schedule_to_start_timeout"`
 	StartToCloseTimeout    time.Duration `yaml:"start_to_close_timeout"`
@@ -224,17 +229,17 @@ type Definition struct {
 
 // RLS is the Envoy RateLimitService v3 listener.
 type RLS struct {
-	Listen  string                `yaml:"listen"`
+	Listen  string                `yaml:"listen" check:"required,listen"`
 	Domains map[string][]RLSLimit `yaml:"domains"`
 }
 
 // RLSLimit is one descriptor entry of a domain. An entry with Value set
 // overrides the Key-only entry for that value.
 type RLSLimit struct {
-	Key    string   `yaml:"key"`
+	Key    string   `yaml:"key" check:"required"`
 	Value  string   `yaml:"value"`
-	Rate   int      `yaml:"rate"`
-	Window Window   `yaml:"window"`
+	Rate   int      `yaml:"rate" check:"required"`
+	Window Window   `yaml:"window" check:"required"`
 	Pos    Position `yaml:"-"`
 }
 

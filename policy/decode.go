@@ -1,0 +1,472 @@
+package policy
+
+import (
+	"bytes"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"reflect"
+	"regexp"
+	"strconv"
+	"strings"
+	"time"
+
+	"gopkg.in/yaml.v3"
+)
+
+// maxVisits bounds how many values one file may decode to. Aliases let a
+// small file name the same subtree many times over ("billion laughs"); the
+// schema is only a few levels deep, so honest files stay far below this.
+const maxVisits = 200_000
+
+// YAML core-schema tags as yaml.v3 reports them from Node.ShortTag.
+const (
+	tagStr       = "!!str"
+	tagInt       = "!!int"
+	tagFloat     = "!!float"
+	tagBool      = "!!bool"
+	tagNull      = "!!null"
+	tagMerge     = "!!merge"
+	tagTimestamp = "!!timestamp"
+)
+
+var (
+	durationType = reflect.TypeFor[time.Duration]()
+	windowType   = reflect.TypeFor[Window]()
+	positionType = reflect.TypeFor[Position]()
+)
+
+// Load reads the policy file at path and parses it with Parse. A file that
+// cannot be read yields an error naming the path; a file that does not
+// validate yields Errors.
+func Load(path string) (*Policy, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		// os errors already carry the path; unwrap so it is named once.
+		var pe *fs.PathError
+		if errors.As(err, &pe) {
+			err = pe.Err
+		}
+		return nil, fmt.Errorf("policy: read %s: %w", path, err)
+	}
+	return Parse(path, data)
+}
+
+// Parse decodes, validates and completes the policy in data; file is the
+// name used in positions. On any error it returns a nil policy and an
+// Errors holding every problem in file order. The returned policy has every
+// default filled in (see defaults.go) and must not be modified.
+func Parse(file string, data []byte) (*Policy, error) {
+	d := newDecoder(file)
+	p := &Policy{}
+	if root := d.document(data); root != nil {
+		d.decode("", root, reflect.ValueOf(p).Elem(), checks{})
+		if !d.halted {
+			validate(p, d)
+			applyDefaults(p, d)
+			validateEffective(p, d)
+		}
+	}
+	if errs := d.errors(); len(errs) > 0 {
+		return nil, errs
+	}
+	p.Warnings = capKeyWarnings(p)
+	p.buildIndexes()
+	sum := sha256.Sum256(data)
+	p.Source = file
+	p.Hash = hex.EncodeToString(sum[:])
+	p.LoadedAt = time.Now()
+	return p, nil
+}
+
+// buildIndexes fills the lookups behind PoolByName and TargetByName.
+func (p *Policy) buildIndexes() {
+	p.poolIndex = make(map[string]int, len(p.Pools))
+	for i, pl := range p.Pools {
+		p.poolIndex[pl.Name] = i
+	}
+	p.targetIdx = make(map[string]int, len(p.Targets))
+	for i, t := range p.Targets {
+		p.targetIdx[t.Name] = i
+	}
+}
+
+// decoder walks yaml.v3 nodes into the schema structs, driven by their yaml
+// and check tags. Besides the values it keeps, per key path, the nodes the
+// file wrote there: validation needs them for positions, and defaults need
+// them to tell "absent" from "explicitly zero" (jitter: 0, allow_unlisted:
+// false).
+type decoder struct {
+	file   string
+	issues []Issue
+	locs   map[string]loc      // path → where the file wrote it
+	bad    map[string]bool     // paths whose value was reported as wrong
+	merges map[*yaml.Node]bool // mappings being merged (<<), to stop cycles
+	visits int
+	halted bool
+}
+
+func newDecoder(file string) *decoder {
+	return &decoder{
+		file:   file,
+		locs:   map[string]loc{},
+		bad:    map[string]bool{},
+		merges: map[*yaml.Node]bool{},
+	}
+}
+
+// ---- document ----
+
+var syntaxLine = regexp.MustCompile(`(?s)^yaml: line (\d+): (.*)$`)
+
+// document parses data into a node tree and returns its root, or nil after
+// reporting why there is none.
+func (d *decoder) document(data []byte) (root *yaml.Node) {
+	defer func() {
+		// yaml.v3 has panicked on hostile input before; a policy file must
+		// never take the process down.
+		if r := recover(); r != nil {
+			d.addf(Position{File: d.file, Line: 1, Column: 1}, "YAML parser failed: %v", r)
+			root = nil
+		}
+	}()
+	dec := yaml.NewDecoder(bytes.NewReader(data))
+	var doc yaml.Node
+	if err := dec.Decode(&doc); err != nil {
+		if errors.Is(err, io.EOF) {
+			d.addf(Position{File: d.file, Line: 1, Column: 1}, "the file is empty; a policy starts with version: 1")
+			return nil
+		}
+		d.syntax(err)
+		return nil
+	}
+	var extra yaml.Node
+	switch err := dec.Decode(&extra); {
+	case err == nil:
+		d.addf(d.pos(&extra), "a policy file holds one YAML document; remove everything from this second document on")
+	case !errors.Is(err, io.EOF):
+		d.syntax(err)
+		return nil
+	}
+	if len(doc.Content) == 0 {
+		d.addf(Position{File: d.file, Line: 1, Column: 1}, "the file is empty; a policy starts with version: 1")
+		return nil
+	}
+	root = resolve(doc.Content[0])
+	if root.Kind != yaml.MappingNode {
+		d.addf(d.pos(root), "a policy must be a mapping of sections (version: 1, ingress: ...), got %s", describe(root))
+		return nil
+	}
+	return root
+}
+
+// parserProblems are yaml.v3's parser (as opposed to scanner) errors. It
+// reports their line 0-based, and omits it when it is 0; scanner errors
+// carry a 1-based line.
+var parserProblems = map[string]bool{
+	"did not find expected <stream-start>":   true,
+	"did not find expected <document start>": true,
+	"did not find expected node content":     true,
+	"did not find expected '-' indicator":    true,
+	"did not find expected key":              true,
+	"did not find expected ',' or ']'":       true,
+	"did not find expected ',' or '}'":       true,
+	"found duplicate %YAML directive":        true,
+	"found incompatible YAML document":       true,
+	"found duplicate %TAG directive":         true,
+	"found undefined tag handle":             true,
+}
+
+// syntax reports a YAML syntax error. yaml.v3 gives only a line, so the
+// column is 1.
+func (d *decoder) syntax(err error) {
+	msg, line := strings.TrimPrefix(err.Error(), "yaml: "), 0
+	if m := syntaxLine.FindStringSubmatch(err.Error()); m != nil {
+		line, _ = strconv.Atoi(m[1])
+		msg = m[2]
+	}
+	if parserProblems[msg] {
+		line++
+	}
+	d.addf(Position{File: d.file, Line: max(line, 1), Column: 1}, "YAML syntax error: %s", msg)
+}
+
+// resolve follows an alias to the node it names.
+func resolve(n *yaml.Node) *yaml.Node {
+	for i := 0; n.Kind == yaml.AliasNode && n.Alias != nil && i < 8; i++ {
+		n = n.Alias
+	}
+	return n
+}
+
+// ---- walking ----
+
+// step counts one more value decoded and reports whether decoding may go
+// on; past maxVisits it reports the file once and halts.
+func (d *decoder) step(path string, n *yaml.Node) bool {
+	if d.halted {
+		return false
+	}
+	if d.visits++; d.visits > maxVisits {
+		d.halted = true
+		d.failf(path, n, "aliases expand to more than %d values; write the file out with fewer aliases", maxVisits)
+		return false
+	}
+	return true
+}
+
+// decode stores the value of node n, found at path, into v.
+func (d *decoder) decode(path string, n *yaml.Node, v reflect.Value, c checks) {
+	if !d.step(path, n) {
+		return
+	}
+	n = resolve(n)
+	if n.Kind == yaml.ScalarNode && n.ShortTag() == tagNull {
+		d.failf(path, n, "has no value; give one or remove the key")
+		return
+	}
+	switch v.Type() {
+	case durationType:
+		d.duration(path, n, v, c)
+		return
+	case windowType:
+		if i, ok := d.integer(path, n, c); ok {
+			if !validWindow(i) {
+				d.failf(path, n, "%d is not one of 1, 60, 3600, 86400", i)
+			}
+			v.SetInt(i)
+		}
+		return
+	}
+	switch v.Kind() {
+	case reflect.Bool:
+		if n.Kind != yaml.ScalarNode || n.ShortTag() != tagBool {
+			d.typeErr(path, n, "true or false")
+			return
+		}
+		var b bool
+		if err := n.Decode(&b); err != nil {
+			d.typeErr(path, n, "true or false")
+			return
+		}
+		v.SetBool(b)
+	case reflect.Int:
+		if i, ok := d.integer(path, n, c); ok {
+			v.SetInt(i)
+		}
+	case reflect.Float64:
+		if f, ok := d.float(path, n, c); ok {
+			v.SetFloat(f)
+		}
+	case reflect.String:
+		if s, ok := d.text(path, n, c); ok {
+			v.SetString(s)
+		}
+	case reflect.Pointer:
+		e := reflect.New(v.Type().Elem())
+		d.decode(path, n, e.Elem(), c)
+		v.Set(e)
+	case reflect.Struct:
+		d.structure(path, n, v)
+	case reflect.Slice:
+		d.list(path, n, v, c)
+	case reflect.Map:
+		d.dict(path, n, v, c)
+	default:
+		// A schema type the walker does not know is a bug in this package,
+		// not in the file.
+		panic("policy: no decoder for " + v.Type().String())
+	}
+}
+
+// structure decodes a mapping into a struct, field by yaml tag.
+func (d *decoder) structure(path string, n *yaml.Node, v reflect.Value) {
+	if n.Kind != yaml.MappingNode {
+		d.typeErr(path, n, "a mapping")
+		return
+	}
+	s := schemaOf(v.Type())
+	seen := map[string]bool{}
+	for _, kv := range d.pairs(path, n) {
+		name := kv.k.Value
+		f, ok := s.byName[name]
+		if !ok {
+			d.addf(d.pos(kv.k), "unknown key %q %s%s", name, where(path), suggest(name, s.names()))
+			continue
+		}
+		p := child(path, name)
+		d.record(path, p, kv.k, kv.v)
+		seen[name] = true
+		d.decode(p, kv.v, v.Field(f.index), f.checks)
+	}
+	for _, f := range s.fields {
+		if f.checks.required && !seen[f.name] {
+			at := d.pos(n)
+			if k := d.locs[path].key; k != nil {
+				at = d.pos(k)
+			}
+			d.addf(at, "missing required key %q %s", f.name, where(path))
+		}
+	}
+}
+
+// list decodes a sequence into a slice, or, for a slice of named structs
+// (Pool), a mapping of name to settings in file order.
+func (d *decoder) list(path string, n *yaml.Node, v reflect.Value, c checks) {
+	et := v.Type().Elem()
+	if et.Kind() == reflect.Struct && schemaOf(et).nameField >= 0 {
+		d.namedList(path, n, v, c)
+		return
+	}
+	if n.Kind != yaml.SequenceNode {
+		d.typeErr(path, n, "a list")
+		return
+	}
+	out := reflect.MakeSlice(v.Type(), len(n.Content), len(n.Content))
+	for i, item := range n.Content {
+		p := index(path, i)
+		d.record(path, p, nil, item)
+		d.decode(p, item, out.Index(i), c.elem())
+		setNamePos(out.Index(i), "", d.pos(item))
+	}
+	v.Set(out)
+}
+
+func (d *decoder) namedList(path string, n *yaml.Node, v reflect.Value, c checks) {
+	if n.Kind != yaml.MappingNode {
+		d.typeErr(path, n, "a mapping of name to settings")
+		return
+	}
+	out := reflect.MakeSlice(v.Type(), 0, len(n.Content)/2)
+	for _, kv := range d.pairs(path, n) {
+		e := reflect.New(v.Type().Elem()).Elem()
+		if d.entry(path, kv, e, c) {
+			out = reflect.Append(out, e)
+		}
+	}
+	v.Set(out)
+}
+
+func (d *decoder) dict(path string, n *yaml.Node, v reflect.Value, c checks) {
+	if n.Kind != yaml.MappingNode {
+		d.typeErr(path, n, "a mapping")
+		return
+	}
+	out := reflect.MakeMapWithSize(v.Type(), len(n.Content)/2)
+	for _, kv := range d.pairs(path, n) {
+		e := reflect.New(v.Type().Elem()).Elem()
+		if d.entry(path, kv, e, c) {
+			out.SetMapIndex(reflect.ValueOf(kv.k.Value).Convert(v.Type().Key()), e)
+		}
+	}
+	v.Set(out)
+}
+
+// entry decodes one name: value entry of a user-named mapping (pools,
+// definitions, tenants, ...). It reports false for an entry with no name.
+func (d *decoder) entry(path string, kv pair, e reflect.Value, c checks) bool {
+	name := kv.k.Value
+	if name == "" {
+		d.addf(d.pos(kv.k), "%sempty name", prefix(path))
+		return false
+	}
+	p := child(path, name)
+	d.record(path, p, kv.k, kv.v)
+	d.decode(p, kv.v, e, c.elem())
+	setNamePos(e, name, d.pos(kv.k))
+	return true
+}
+
+// setNamePos fills the Name (when yaml:"-", i.e. taken from the mapping key)
+// and Pos fields of a decoded struct.
+func setNamePos(v reflect.Value, name string, pos Position) {
+	if v.Kind() != reflect.Struct {
+		return
+	}
+	s := schemaOf(v.Type())
+	if s.nameField >= 0 && name != "" {
+		v.Field(s.nameField).SetString(name)
+	}
+	if s.posField >= 0 {
+		v.Field(s.posField).Set(reflect.ValueOf(pos))
+	}
+}
+
+type pair struct{ k, v *yaml.Node }
+
+// pairs lists the entries of mapping n in file order, reporting duplicate
+// and non-string keys, and expanding merge keys (<<: *base) the YAML way:
+// keys written in the mapping win over merged ones, earlier merges over
+// later ones.
+func (d *decoder) pairs(path string, n *yaml.Node) []pair {
+	own := map[string]*yaml.Node{}
+	for i := 0; i+1 < len(n.Content); i += 2 {
+		k := resolve(n.Content[i])
+		if isMerge(k) {
+			continue
+		}
+		if k.Kind != yaml.ScalarNode {
+			d.addf(d.pos(k), "%skeys must be strings, got %s", prefix(path), describe(k))
+			continue
+		}
+		if first, dup := own[k.Value]; dup {
+			d.addf(d.pos(k), "duplicate key %q %s (first at line %d)", k.Value, where(path), first.Line)
+			continue
+		}
+		own[k.Value] = k
+	}
+	var out []pair
+	merged := map[string]bool{}
+	for i := 0; i+1 < len(n.Content); i += 2 {
+		k, v := resolve(n.Content[i]), n.Content[i+1]
+		if isMerge(k) {
+			for _, m := range d.mergeSources(path, v) {
+				if own[m.k.Value] == nil && !merged[m.k.Value] {
+					merged[m.k.Value] = true
+					out = append(out, m)
+				}
+			}
+			continue
+		}
+		if k.Kind == yaml.ScalarNode && own[k.Value] == k {
+			out = append(out, pair{k, v})
+		}
+	}
+	return out
+}
+
+func isMerge(k *yaml.Node) bool { return k.Kind == yaml.ScalarNode && k.ShortTag() == tagMerge }
+
+func (d *decoder) mergeSources(path string, v *yaml.Node) []pair {
+	v = resolve(v)
+	if d.merges[v] {
+		d.addf(d.pos(v), "%s<< merges a mapping into itself", prefix(path))
+		return nil
+	}
+	if !d.step(path, v) {
+		return nil
+	}
+	d.merges[v] = true
+	defer delete(d.merges, v)
+	switch v.Kind {
+	case yaml.MappingNode:
+		return d.pairs(path, v)
+	case yaml.SequenceNode:
+		var out []pair
+		for _, item := range v.Content {
+			item = resolve(item)
+			if item.Kind != yaml.MappingNode {
+				d.addf(d.pos(item), "%s<< takes a mapping or a list of mappings, got %s", prefix(path), describe(item))
+				continue
+			}
+			out = append(out, d.mergeSources(path, item)...)
+		}
+		return out
+	}
+	d.addf(d.pos(v), "%s<< takes a mapping or a list of mappings, got %s", prefix(path), describe(v))
+	return nil
+}

@@ -1,0 +1,440 @@
+package policy
+
+import (
+	"fmt"
+	"maps"
+	"regexp"
+	"slices"
+	"sort"
+	"strings"
+)
+
+// validate runs the checks that relate values to each other: conditional
+// requirements, references, duplicates and listener clashes. Single-value
+// rules were applied while decoding (see the check tags). It runs on the
+// values as written, before defaults, so that "absent" can still be told
+// apart from "zero".
+func validate(p *Policy, d *decoder) {
+	v := &validator{p: p, d: d}
+	v.version()
+	v.backend()
+	if p.Ingress != nil {
+		v.tenants("ingress", p.Ingress.Tenant, p.Ingress.Tenants)
+	}
+	v.egress()
+	v.targets()
+	v.pools()
+	v.bridges()
+	v.scheduler()
+	v.rls()
+	v.listeners()
+}
+
+type validator struct {
+	p *Policy
+	d *decoder
+}
+
+// fail reports a problem with the value at path.
+func (v *validator) fail(path, format string, args ...any) {
+	v.d.bad[path] = true
+	v.d.addf(v.d.at(path), prefix(path)+format, args...)
+}
+
+// failEntry reports a problem with the entry at path as a whole, at its key.
+func (v *validator) failEntry(path, format string, args ...any) {
+	v.d.addf(v.d.keyAt(path), prefix(path)+format, args...)
+}
+
+func (v *validator) version() {
+	if v.d.ok("version") && v.p.Version != 1 {
+		v.fail("version", "%d is not supported; this warden reads version 1", v.p.Version)
+	}
+}
+
+func (v *validator) backend() {
+	b := v.p.Backend
+	if b.Kind != "redis" {
+		return
+	}
+	if !v.d.has("backend.url") {
+		v.failEntry("backend", "kind redis needs url (e.g. redis://127.0.0.1:6379/0)")
+		return
+	}
+	if v.d.ok("backend.url") {
+		if err := checkURL(b.URL, []string{"redis", "rediss", "unix"}, true); err != nil {
+			v.fail("backend.url", "%v", err)
+		}
+	}
+}
+
+// tenants checks a listener's tenant overrides: they refine a default cap,
+// and the default cap is what names the tenant header.
+func (v *validator) tenants(section string, cap *TenantCap, overrides map[string]Limit) {
+	if len(overrides) > 0 && cap == nil {
+		v.failEntry(section+".tenants", "needs %s.tenant (the tenant header and the default cap the overrides refine)", section)
+	}
+}
+
+func (v *validator) egress() {
+	e := v.p.Egress
+	if e == nil {
+		return
+	}
+	if !v.d.has("egress.http_listen") && !v.d.has("egress.grpc_listen") {
+		v.failEntry("egress", "needs http_listen, grpc_listen or both")
+	}
+	v.tenants("egress", e.Tenant, e.Tenants)
+}
+
+func (v *validator) targets() {
+	names := map[string]string{}    // target name → path of its name
+	hosts := map[string]string{}    // lower-cased host → path of the entry
+	services := map[string]string{} // gRPC service → path of the entry
+	for i, t := range v.p.Targets {
+		tp := index("targets", i)
+		if v.d.ok(tp + ".name") {
+			if first, dup := names[t.Name]; dup {
+				v.fail(tp+".name", "duplicate target name %q (first at line %d)", t.Name, v.d.line(first))
+			} else {
+				names[t.Name] = tp + ".name"
+			}
+		}
+		hasHosts, hasService := v.d.has(tp+".hosts"), v.d.has(tp+".grpc_service")
+		switch {
+		case hasHosts && hasService:
+			v.failEntry(tp, "set hosts (an HTTP target) or grpc_service (a gRPC target), not both")
+		case !hasHosts && !hasService:
+			v.failEntry(tp, "needs hosts (an HTTP target) or grpc_service (a gRPC target)")
+		}
+		if v.d.ok(tp+".hosts") && len(t.Hosts) == 0 {
+			v.fail(tp+".hosts", "lists no hosts")
+		}
+		for j, h := range t.Hosts {
+			hp := index(tp+".hosts", j)
+			if !v.d.ok(hp) {
+				continue
+			}
+			key := strings.ToLower(h)
+			if first, dup := hosts[key]; dup {
+				v.fail(hp, "host %q is already routed by %s (line %d)", h, first, v.d.line(first))
+				continue
+			}
+			hosts[key] = hp
+		}
+		if v.d.ok(tp + ".grpc_service") {
+			if first, dup := services[t.GRPCService]; dup {
+				v.fail(tp+".grpc_service", "service %q is already routed by %s (line %d)", t.GRPCService, first, v.d.line(first))
+			} else {
+				services[t.GRPCService] = tp + ".grpc_service"
+			}
+		}
+		if v.d.ok(tp + ".upstream") {
+			schemes := []string{"http", "https"}
+			if hasService && !hasHosts {
+				schemes = []string{"h2c", "http", "https"}
+			}
+			if err := checkURL(t.Upstream, schemes, false); err != nil {
+				v.fail(tp+".upstream", "%v", err)
+			}
+		}
+		v.poolRefs(tp+".pools", t.Pools)
+	}
+}
+
+// poolRefs checks a list of pool names. Listing a pool twice would make a
+// request take two slots of it.
+func (v *validator) poolRefs(path string, refs []string) {
+	seen := map[string]bool{}
+	for j, name := range refs {
+		rp := index(path, j)
+		if !v.d.ok(rp) {
+			continue
+		}
+		if seen[name] {
+			v.fail(rp, "pool %q is listed twice", name)
+			continue
+		}
+		seen[name] = true
+		v.poolRef(rp, name)
+	}
+}
+
+func (v *validator) poolRef(path, name string) {
+	for _, pl := range v.p.Pools {
+		if pl.Name == name {
+			return
+		}
+	}
+	names := make([]string, len(v.p.Pools))
+	for i, pl := range v.p.Pools {
+		names[i] = pl.Name
+	}
+	v.fail(path, "undefined pool %q%s", name, suggest(name, names))
+}
+
+func (v *validator) pools() {
+	for _, pl := range v.p.Pools {
+		pp := child("pools", pl.Name)
+		if err := checkName(pl.Name); err != nil {
+			v.failEntry(pp, "%v", err)
+		}
+		if pl.Rate > 0 && !v.d.has(pp+".window") {
+			v.failEntry(pp, "rate %d needs a window (1, 60, 3600 or 86400 seconds)", pl.Rate)
+		}
+	}
+}
+
+func (v *validator) bridges() {
+	names := map[string]string{}
+	for i, b := range v.p.Bridges {
+		bp := index("bridges", i)
+		if v.d.ok(bp + ".name") {
+			if first, dup := names[b.Name]; dup {
+				v.fail(bp+".name", "duplicate bridge name %q (first at line %d)", b.Name, v.d.line(first))
+			} else {
+				names[b.Name] = bp + ".name"
+			}
+		}
+		// Only the postgres protocol can see transactions; on a tcp bridge
+		// the setting would silently do nothing.
+		if v.d.has(bp+".idle_in_transaction_timeout") && b.Protocol != ProtocolPostgres && !v.d.bad[bp+".protocol"] {
+			v.fail(bp+".idle_in_transaction_timeout", "needs protocol: postgres (a %s bridge cannot see transactions)", orDefault(b.Protocol, ProtocolTCP))
+		}
+	}
+}
+
+func (v *validator) scheduler() {
+	s := v.p.Scheduler
+	if s == nil {
+		return
+	}
+	if v.p.Ingress == nil {
+		v.failEntry("scheduler", "needs the ingress section: runs are accepted on ingress.listen and delivered to ingress.worker")
+	}
+	if v.d.ok("scheduler.path_prefix") && len(s.PathPrefix) > 1 && strings.HasSuffix(s.PathPrefix, "/") {
+		v.fail("scheduler.path_prefix", "%q must not end with '/'", s.PathPrefix)
+	}
+	if s.Store.Kind == "postgres" {
+		if !v.d.has("scheduler.store.url") {
+			v.failEntry("scheduler.store", "kind postgres needs url (e.g. postgres://warden@127.0.0.1:5432/warden)")
+		} else if v.d.ok("scheduler.store.url") {
+			if err := checkURL(s.Store.URL, []string{"postgres", "postgresql"}, true); err != nil {
+				v.fail("scheduler.store.url", "%v", err)
+			}
+		}
+	}
+	for _, name := range slices.Sorted(maps.Keys(s.Semaphores)) {
+		if err := checkName(name); err != nil {
+			v.failEntry(child("scheduler.semaphores", name), "%v", err)
+		}
+	}
+	for _, name := range slices.Sorted(maps.Keys(s.Definitions)) {
+		v.definition(child("scheduler.definitions", name), s.Definitions[name])
+	}
+}
+
+func (v *validator) definition(dp string, def Definition) {
+	if err := checkName(def.Name); err != nil {
+		v.failEntry(dp, "%v", err)
+	}
+	if v.d.ok(dp + ".key") {
+		if err := checkKeyExpr(def.Key); err != nil {
+			v.fail(dp+".key", "%v", err)
+		}
+	}
+	if def.KeyConcurrency > 0 && !v.d.has(dp+".key") {
+		v.fail(dp+".key_concurrency", "needs key (the expression that groups runs, e.g. ${input.tenantId})")
+	}
+	if v.d.ok(dp + ".pool") {
+		v.poolRef(dp+".pool", def.Pool)
+	}
+	seen := map[string]bool{}
+	for j, name := range def.Semaphores {
+		sp := index(dp+".semaphores", j)
+		if !v.d.ok(sp) {
+			continue
+		}
+		switch _, defined := v.p.Scheduler.Semaphores[name]; {
+		case seen[name]:
+			v.fail(sp, "semaphore %q is listed twice", name)
+		case !defined:
+			v.fail(sp, "undefined semaphore %q%s; define it under scheduler.semaphores", name,
+				suggest(name, slices.Sorted(maps.Keys(v.p.Scheduler.Semaphores))))
+		}
+		seen[name] = true
+	}
+}
+
+// checkKeyExpr checks a definition key: text with at least one
+// ${input.<path>} or ${header.<name>} placeholder.
+func checkKeyExpr(s string) error {
+	n := 0
+	for rest := s; ; {
+		i := strings.Index(rest, "${")
+		if i < 0 {
+			break
+		}
+		j := strings.IndexByte(rest[i:], '}')
+		if j < 0 {
+			return fmt.Errorf("%q has an unterminated ${", s)
+		}
+		expr := rest[i+2 : i+j]
+		src, arg, _ := strings.Cut(expr, ".")
+		switch {
+		case src == "input" && inputPathRE.MatchString(arg):
+		case src == "header" && headerRE.MatchString(arg):
+		default:
+			return fmt.Errorf("placeholder ${%s} must be ${input.<path>} or ${header.<name>}", expr)
+		}
+		n++
+		rest = rest[i+j+1:]
+	}
+	if n == 0 {
+		return fmt.Errorf("%q has no ${input.<path>} or ${header.<name>} placeholder, so every run would share one key", s)
+	}
+	return nil
+}
+
+func (v *validator) rls() {
+	r := v.p.RLS
+	if r == nil {
+		return
+	}
+	for _, domain := range slices.Sorted(maps.Keys(r.Domains)) {
+		dp := child("rls.domains", domain)
+		seen := map[[2]string]string{}
+		for j, e := range r.Domains[domain] {
+			ep := index(dp, j)
+			if !v.d.ok(ep+".key") || v.d.bad[ep+".value"] {
+				continue
+			}
+			k := [2]string{e.Key, e.Value}
+			if first, dup := seen[k]; dup {
+				v.failEntry(ep, "duplicate entry for key %q value %q (first at line %d)", e.Key, e.Value, v.d.line(first))
+				continue
+			}
+			seen[k] = ep
+		}
+	}
+}
+
+// listeners reports two listeners on one address. A wildcard host (empty,
+// 0.0.0.0, ::) clashes with every host on the same port, as bind(2) does.
+// Port 0 asks the kernel for a free port and never clashes.
+func (v *validator) listeners() {
+	type listener struct {
+		path, addr, host string
+		port             int
+		pos              Position
+	}
+	var ls []listener
+	add := func(path, addr string) {
+		if !v.d.ok(path) {
+			return
+		}
+		host, port, err := checkListen(addr)
+		if err != nil || port == 0 {
+			return
+		}
+		ls = append(ls, listener{path, addr, strings.ToLower(host), port, v.d.at(path)})
+	}
+	if v.p.Admin != nil {
+		add("admin.listen", v.p.Admin.Listen)
+	}
+	if v.p.Ingress != nil {
+		add("ingress.listen", v.p.Ingress.Listen)
+	}
+	if v.p.Egress != nil {
+		add("egress.http_listen", v.p.Egress.HTTPListen)
+		add("egress.grpc_listen", v.p.Egress.GRPCListen)
+	}
+	for i, b := range v.p.Bridges {
+		add(index("bridges", i)+".listen", b.Listen)
+	}
+	if v.p.RLS != nil {
+		add("rls.listen", v.p.RLS.Listen)
+	}
+	sort.SliceStable(ls, func(i, j int) bool {
+		if ls[i].pos.Line != ls[j].pos.Line {
+			return ls[i].pos.Line < ls[j].pos.Line
+		}
+		return ls[i].pos.Column < ls[j].pos.Column
+	})
+	wildcard := func(h string) bool { return h == "" || h == "0.0.0.0" || h == "::" }
+	for i, l := range ls {
+		for _, e := range ls[:i] {
+			if l.port == e.port && (l.host == e.host || wildcard(l.host) || wildcard(e.host)) {
+				v.fail(l.path, "%s is already used by %s (%s, line %d)", l.addr, e.path, e.addr, e.pos.Line)
+				break
+			}
+		}
+	}
+}
+
+// validateEffective checks orderings that only make sense once defaults are
+// merged (a target's delay against a max_delay from egress.defaults). Each
+// problem is reported once, at the most specific level that wrote one of
+// the pair; a level that wrote neither inherited the problem and the level
+// it inherited from reports it.
+func validateEffective(p *Policy, d *decoder) {
+	v := &validator{p: p, d: d}
+	const dr, db = "egress.defaults.retry", "egress.defaults.circuit_breaker"
+	if p.Egress != nil {
+		v.ordered([]string{dr}, p.Egress.Defaults.Retry, []string{db}, p.Egress.Defaults.CircuitBreaker)
+	}
+	for i, t := range p.Targets {
+		tp := index("targets", i)
+		v.ordered([]string{tp + ".retry", dr}, t.Retry, []string{tp + ".circuit_breaker", db}, t.CircuitBreaker)
+	}
+	if p.Scheduler != nil {
+		for name, def := range p.Scheduler.Definitions {
+			v.ordered([]string{child(child("scheduler.definitions", name), "retry")}, def.Retry, nil, nil)
+		}
+	}
+}
+
+// ordered checks delay <= max_delay and open <= max_open. levels are the
+// paths the values were merged from, most specific first.
+func (v *validator) ordered(rLevels []string, r *Retry, bLevels []string, b *CircuitBreaker) {
+	if r != nil && r.MaxDelay < r.Delay && !v.anyBad(rLevels, "delay", "max_delay") {
+		rp := rLevels[0]
+		switch {
+		case v.d.has(rp + ".max_delay"):
+			v.fail(rp+".max_delay", "%s is less than delay %s", r.MaxDelay, r.Delay)
+		case v.d.has(rp + ".delay"):
+			v.fail(rp+".delay", "%s is more than max_delay %s", r.Delay, r.MaxDelay)
+		}
+	}
+	if b != nil && b.MaxOpen < b.Open && !v.anyBad(bLevels, "open", "max_open") {
+		bp := bLevels[0]
+		switch {
+		case v.d.has(bp + ".max_open"):
+			v.fail(bp+".max_open", "%s is less than open %s", b.MaxOpen, b.Open)
+		case v.d.has(bp + ".open"):
+			v.fail(bp+".open", "%s is more than max_open %s", b.Open, b.MaxOpen)
+		}
+	}
+}
+
+// anyBad reports whether any of keys under any level was already reported
+// as wrong; its zero value would only produce a second, misleading error.
+func (v *validator) anyBad(levels []string, keys ...string) bool {
+	for _, l := range levels {
+		for _, k := range keys {
+			if v.d.bad[l+"."+k] {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+var inputPathRE = regexp.MustCompile(`^[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)*$`)
+
+func orDefault(s, fallback string) string {
+	if s == "" {
+		return fallback
+	}
+	return s
+}
