@@ -72,6 +72,10 @@ func newPool(cfg policy.Pool, c window.Counter, clk clock.Clock, m *metrics.Metr
 		p.gInFlight = m.PoolInFlight.WithLabelValues(id)
 		p.gQueued = m.PoolQueued.WithLabelValues(id)
 		p.gCount = m.PoolWindowCount.WithLabelValues(id)
+		// Export every pool from the start, not from its first use.
+		p.gInFlight.Set(0)
+		p.gQueued.Set(0)
+		p.gCount.Set(0)
 	}
 	return p
 }

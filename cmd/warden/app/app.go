@@ -20,7 +20,6 @@ import (
 	"github.com/warden-dev/warden/governor/metrics"
 	"github.com/warden-dev/warden/governor/window"
 	"github.com/warden-dev/warden/policy"
-	"github.com/warden-dev/warden/proxy/admin"
 )
 
 // Options configure an App.
