@@ -42,5 +42,13 @@ bench-limits:
 	$(GO) test -run='^$$' -bench=. -benchmem -cpu=1,2 -count=1 ./bench/limits/ | tee bench/out/limits.txt
 	$(GO) run ./bench/cmd/benchtab limits < bench/out/limits.txt
 
+# pgbench directly, through a warden bridge and through PgBouncer (session
+# mode, same pool size), side by side. BENCH_T=5 BENCH_RUNS=1 for a quick look.
+bench-bridge:
+	@command -v pgbench >/dev/null || apt-get install -y postgresql-client
+	@command -v pgbouncer >/dev/null || apt-get install -y pgbouncer
+	@mkdir -p bench/out
+	$(GO) run ./bench/cmd/benchbridge | tee bench/out/bridge.txt
+
 clean:
 	rm -rf bin bench/out

@@ -131,7 +131,7 @@ func (b *bridge) reconfigure(cfg policy.Bridge) error {
 	b.mu.Lock()
 	b.gen = g
 	if g.pool != old.pool {
-		b.pools = append(b.pools, g.pool)
+		b.pools = append(b.prunePoolsLocked(), g.pool)
 	}
 	var oldLn net.Listener
 	var oldAccepting chan struct{}
@@ -147,6 +147,19 @@ func (b *bridge) reconfigure(cfg policy.Bridge) error {
 	b.log.Info("bridge reconfigured; running sessions keep their settings", "listen", cfg.Listen,
 		"upstream", cfg.Upstream, "protocol", cfg.Protocol, "max_connections", cfg.MaxConnections)
 	return nil
+}
+
+// prunePoolsLocked drops pools of earlier upstreams that have nothing
+// left: no connection, no waiter.
+func (b *bridge) prunePoolsLocked() []*dbpool.Pool {
+	now := b.set.clk.Now()
+	kept := b.pools[:0]
+	for _, p := range b.pools {
+		if st := p.Stats(now); p == b.gen.pool || st.Live > 0 || st.Waiting > 0 {
+			kept = append(kept, p)
+		}
+	}
+	return kept
 }
 
 // sameSettings compares two bridge settings, ignoring where they were written.

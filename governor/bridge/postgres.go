@@ -270,8 +270,13 @@ func (s *session) login() error {
 				s.touch()
 			}
 			return flush()
+		case 'E':
+			relay = true // the server refuses the login and will close
+			if s.quiet {
+				s.g.logins.forget(s.key) // it no longer admits this login as cached
+			}
 		default:
-			relay = true // errors and notices always reach the client
+			relay = true // notices always reach the client
 		}
 		if relay {
 			out = append(out, f...)
