@@ -8,6 +8,7 @@ import (
 	"maps"
 	"net"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -125,7 +126,7 @@ func (b *bridge) serveCachedLogin(c *net.TCPConn, g *generation, pkt []byte, key
 func loginKey(m *pgproto3.StartupMessage) string {
 	names := slices.Sorted(maps.Keys(m.Parameters))
 	var b strings.Builder
-	fmt.Fprintf(&b, "%d", m.ProtocolVersion)
+	b.WriteString(strconv.FormatUint(uint64(m.ProtocolVersion), 10))
 	for _, n := range names {
 		b.WriteByte(0)
 		b.WriteString(n)

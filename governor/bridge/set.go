@@ -87,7 +87,7 @@ func New(opts Options) *Set {
 	s := &Set{
 		opts: opts, clk: opts.Clock, bridges: map[string]*bridge{},
 		dialer: net.Dialer{Timeout: opts.DialTimeout, KeepAliveConfig: opts.KeepAlive},
-		lc:     net.ListenConfig{KeepAliveConfig: opts.KeepAlive},
+		lc:     listenConfig(opts.KeepAlive),
 	}
 	s.stopHook = opts.Metrics.OnGather(s.refreshGauges)
 	return s
