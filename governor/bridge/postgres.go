@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"io"
 	"maps"
 	"net"
 	"slices"
@@ -174,21 +175,30 @@ type clientError struct{ error }
 var errPasswordNow = errors.New("the server now asks this login for a password")
 
 // peekFrame returns the next whole server message in br without consuming
-// it (valid until the next read or Discard).
-func peekFrame(br *bufio.Reader) ([]byte, error) {
+// it (valid until the next read or Discard). A message too large for br is
+// returned as its 5-byte header alone, with large set: the caller streams
+// or skips it.
+func peekFrame(br *bufio.Reader) (f []byte, large bool, err error) {
 	hdr, err := br.Peek(5)
 	if err != nil {
-		return nil, err
+		return nil, false, err
 	}
 	if !backendTypes[hdr[0]] {
-		return nil, protocolError{fmt.Errorf("invalid message type 0x%02x", hdr[0])}
+		return nil, false, protocolError{fmt.Errorf("invalid message type 0x%02x", hdr[0])}
 	}
 	n := int(int32(binary.BigEndian.Uint32(hdr[1:])))
-	if n < 4 || n+1 > br.Size() {
-		return nil, protocolError{fmt.Errorf("invalid length %d of message %q", n, hdr[0])}
+	if n < 4 {
+		return nil, false, protocolError{fmt.Errorf("invalid length %d of message %q", n, hdr[0])}
 	}
-	return br.Peek(n + 1)
+	if n+1 > br.Size() {
+		return hdr, true, nil
+	}
+	f, err = br.Peek(n + 1)
+	return f, false, err
 }
+
+// frameLen is the whole length of a message from its header.
+func frameLen(hdr []byte) int { return 1 + int(binary.BigEndian.Uint32(hdr[1:])) }
 
 // login follows the server's side of a new connection's login until the
 // first ReadyForQuery, message by message. Normally it relays everything to
@@ -219,10 +229,26 @@ func (s *session) login() error {
 				return err
 			}
 		}
-		f, err := peekFrame(br)
+		f, large, err := peekFrame(br)
 		if err != nil {
 			_ = flush()
 			return err
+		}
+		if large {
+			// Only errors and notices can be this long: relay them as they come.
+			if f[0] != 'E' && f[0] != 'N' {
+				return protocolError{fmt.Errorf("message %q of %d bytes during login", f[0], frameLen(f))}
+			}
+			if f[0] == 'E' && s.quiet {
+				s.g.logins.forget(s.key)
+			}
+			if err := flush(); err != nil {
+				return err
+			}
+			if _, err := io.CopyN(s.cl, br, int64(frameLen(f))); err != nil {
+				return err
+			}
+			continue
 		}
 		relay := !s.quiet
 		switch f[0] {
@@ -320,9 +346,16 @@ func (s *session) resetForReuse() bool {
 	}
 	failed := false
 	for {
-		f, err := peekFrame(br)
+		f, large, err := peekFrame(br)
 		if err != nil {
 			return false
+		}
+		if large {
+			failed = failed || f[0] == 'E'
+			if _, err := br.Discard(frameLen(f)); err != nil {
+				return false
+			}
+			continue
 		}
 		switch f[0] {
 		case 'E':
