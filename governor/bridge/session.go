@@ -49,6 +49,8 @@ type session struct {
 	cl       *net.TCPConn
 	up       *dbpool.Conn
 	upNet    *net.TCPConn
+	clIO     sockIO // the data path's reads and writes of cl and upNet
+	upIO     sockIO
 	born     time.Time // of the upstream connection
 	key      string    // login key for reuse; "" never reused
 	runID    string
@@ -101,6 +103,7 @@ func (b *bridge) newSession(g *generation, cl *net.TCPConn, up *dbpool.Conn, pg 
 	s := &session{
 		b: b, g: g, clk: b.set.clk, pg: pg, cl: cl, up: up, upNet: up.Net(), born: up.Born(),
 		done: make(chan struct{}), bufs: bufferPool.Get().(*buffers),
+		clIO: newSockIO(cl), upIO: newSockIO(up.Net()),
 	}
 	s.bufs.br.Reset(s.upNet)
 	return s
@@ -203,7 +206,7 @@ func (s *session) finish() {
 func (s *session) clientToServer() {
 	buf := s.bufs.c2s
 	for {
-		n, err := s.cl.Read(buf)
+		n, err := s.clIO.Read(buf)
 		if n > 0 && s.cause.Load() == int32(causeNone) {
 			if !s.forwardClient(buf[:n]) {
 				return
@@ -236,7 +239,7 @@ func (s *session) forwardClient(p []byte) bool {
 			s.terminated = true
 			if term >= 0 && s.reusable() {
 				if term > 0 {
-					if _, err := s.upNet.Write(p[:term]); err != nil {
+					if _, err := s.upIO.Write(p[:term]); err != nil {
 						s.end(causeServerClosed)
 						return false
 					}
@@ -246,7 +249,7 @@ func (s *session) forwardClient(p []byte) bool {
 			}
 		}
 	}
-	if _, err := s.upNet.Write(p); err != nil {
+	if _, err := s.upIO.Write(p); err != nil {
 		s.end(causeServerClosed)
 		return false
 	}
@@ -283,7 +286,7 @@ func (s *session) serverToClient() {
 	}
 	buf := s.bufs.s2c
 	for {
-		n, err := s.upNet.Read(buf)
+		n, err := s.upIO.Read(buf)
 		if n > 0 && !s.forwardServer(buf[:n]) {
 			return
 		}
@@ -298,7 +301,7 @@ func (s *session) serverToClient() {
 func (s *session) forwardServer(p []byte) bool {
 	if !s.pg {
 		s.touch()
-		if _, err := s.cl.Write(p); err != nil {
+		if _, err := s.clIO.Write(p); err != nil {
 			s.end(causeClientGone)
 			return false
 		}
@@ -319,7 +322,7 @@ func (s *session) forwardServer(p []byte) bool {
 	if idle {
 		s.touch()
 	}
-	if _, err := s.cl.Write(p); err != nil {
+	if _, err := s.clIO.Write(p); err != nil {
 		s.end(causeClientGone)
 		return false
 	}

@@ -11,6 +11,11 @@
 // reported), paths in rotating order so that drift on a shared machine
 // spreads evenly.
 //
+// Beside throughput it reports the CPU time the proxy process (warden or
+// PgBouncer) spent per transaction: on a machine shared with other work,
+// TPS swings from run to run, while the cost of the proxy itself is a
+// steadier measure of its efficiency.
+//
 // Environment: BENCH_T seconds per pgbench run (default 20), BENCH_RUNS
 // (default 3), BENCH_PG (default postgres://postgres@127.0.0.1:5432/postgres
 // for the admin connection; the benchmark database is wardenbench).
@@ -65,10 +70,12 @@ var workloads = []workload{
 type path struct {
 	name string
 	port int
+	pid  int // the proxy process, whose CPU time is measured (0: none)
 }
 
 type result struct {
 	tps, latencyMS float64
+	cpuPerTxnUS    float64 // proxy CPU time per transaction (0: not measured)
 	err            error
 }
 
@@ -115,7 +122,7 @@ func run() error {
 	}
 	defer stop("pgbouncer", bouncer)
 
-	paths := []path{{"direct", int(cfg.Port)}, {"pgbouncer", bouncePort}, {"warden", wardenPort}}
+	paths := []path{{"direct", int(cfg.Port), 0}, {"pgbouncer", bouncePort, bouncer.Process.Pid}, {"warden", wardenPort, warden.Process.Pid}}
 	results := map[string]map[string][]result{} // workload -> path -> rounds
 	fmt.Printf("pgbench -S -j 2 -T %d on %s, scale 10; pool size %d; %d round(s), median\n\n", secs, pgAddr, poolSize, rounds)
 	for _, w := range workloads {
@@ -123,9 +130,12 @@ func run() error {
 		for r := range rounds {
 			for i := range paths {
 				p := paths[(i+r)%len(paths)]
-				res := pgbench(cfg.User, p.port, w, secs)
+				res := pgbench(cfg.User, p, w, secs)
 				results[w.label][p.name] = append(results[w.label][p.name], res)
 				status := fmt.Sprintf("%9.0f tps %7.3f ms", res.tps, res.latencyMS)
+				if res.cpuPerTxnUS > 0 {
+					status += fmt.Sprintf(" %6.1f µs CPU/txn", res.cpuPerTxnUS)
+				}
 				if res.err != nil {
 					status = "failed: " + res.err.Error()
 				}
@@ -294,15 +304,42 @@ var (
 	tpsLine = regexp.MustCompile(`(?m)^tps = ([\d.]+)`)
 	latLine = regexp.MustCompile(`(?m)^latency average = ([\d.]+) ms`)
 	failed  = regexp.MustCompile(`(?m)^number of failed transactions: (\d+)`)
+	txnLine = regexp.MustCompile(`(?m)^number of transactions actually processed: (\d+)`)
 )
 
-func pgbench(userName string, port int, w workload, secs int) result {
+// cpuSeconds is the CPU time (user + system, all threads) process pid has
+// used, from /proc/PID/stat, whose times are in USER_HZ (100 per second on
+// Linux).
+func cpuSeconds(pid int) (float64, error) {
+	if pid == 0 {
+		return 0, errors.New("no process")
+	}
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return 0, err
+	}
+	// The command name (field 2) may hold spaces; fields count from its ')'.
+	f := strings.Fields(string(b[strings.LastIndexByte(string(b), ')')+1:]))
+	if len(f) < 13 {
+		return 0, errors.New("short /proc stat")
+	}
+	ut, err1 := strconv.ParseFloat(f[11], 64)
+	st, err2 := strconv.ParseFloat(f[12], 64)
+	if err1 != nil || err2 != nil {
+		return 0, errors.New("bad /proc stat")
+	}
+	return (ut + st) / 100, nil
+}
+
+func pgbench(userName string, p path, w workload, secs int) result {
 	args := []string{"-S", "-j", "2", "-c", strconv.Itoa(w.clients), "-T", strconv.Itoa(secs),
-		"-h", "127.0.0.1", "-p", strconv.Itoa(port), "-U", userName, "-n"}
+		"-h", "127.0.0.1", "-p", strconv.Itoa(p.port), "-U", userName, "-n"}
 	if w.connect {
 		args = append(args, "-C")
 	}
+	cpu0, cpuErr := cpuSeconds(p.pid)
 	out, err := exec.Command("pgbench", append(args, benchDB)...).CombinedOutput()
+	cpu1, cpuErr1 := cpuSeconds(p.pid)
 	text := string(out)
 	var r result
 	if m := tpsLine.FindStringSubmatch(text); m != nil {
@@ -310,6 +347,11 @@ func pgbench(userName string, port int, w workload, secs int) result {
 	}
 	if m := latLine.FindStringSubmatch(text); m != nil {
 		r.latencyMS, _ = strconv.ParseFloat(m[1], 64)
+	}
+	if m := txnLine.FindStringSubmatch(text); m != nil && p.pid != 0 && cpuErr == nil && cpuErr1 == nil {
+		if n, _ := strconv.ParseFloat(m[1], 64); n > 0 {
+			r.cpuPerTxnUS = (cpu1 - cpu0) / n * 1e6
+		}
 	}
 	switch m := failed.FindStringSubmatch(text); {
 	case err != nil:
@@ -343,8 +385,8 @@ func median(rs []result) (result, bool) {
 }
 
 func printTable(results map[string]map[string][]result) {
-	fmt.Printf("%-10s %20s %20s %20s %14s %17s  %s\n", "workload", "direct tps (ms)", "pgbouncer tps (ms)", "warden tps (ms)",
-		"warden/direct", "warden/pgbouncer", "goals")
+	fmt.Printf("%-10s %20s %20s %20s %14s %17s %22s  %s\n", "workload", "direct tps (ms)", "pgbouncer tps (ms)", "warden tps (ms)",
+		"warden/direct", "warden/pgbouncer", "CPU µs/txn pgb:warden", "goals")
 	cell := func(r result, ok bool) string {
 		if !ok {
 			return "failed"
@@ -373,8 +415,27 @@ func printTable(results map[string]map[string][]result) {
 		if len(goals) == 0 {
 			goals = append(goals, "none (informational)")
 		}
-		fmt.Printf("%-10s %20s %20s %20s %14s %17s  %s\n", w.label, cell(d, okD), cell(p, okP), cell(wd, okW), rd, rp, strings.Join(goals, ", "))
+		cpu := "-"
+		if cp, cw := medianCPU(results[w.label]["pgbouncer"]), medianCPU(results[w.label]["warden"]); cp > 0 && cw > 0 {
+			cpu = fmt.Sprintf("%.1f : %.1f", cp, cw)
+		}
+		fmt.Printf("%-10s %20s %20s %20s %14s %17s %22s  %s\n", w.label, cell(d, okD), cell(p, okP), cell(wd, okW), rd, rp, cpu, strings.Join(goals, ", "))
 	}
+}
+
+// medianCPU is the median proxy CPU per transaction of the successful rounds.
+func medianCPU(rs []result) float64 {
+	var v []float64
+	for _, r := range rs {
+		if r.err == nil && r.cpuPerTxnUS > 0 {
+			v = append(v, r.cpuPerTxnUS)
+		}
+	}
+	if len(v) == 0 {
+		return 0
+	}
+	slices.Sort(v)
+	return v[len(v)/2]
 }
 
 func verdict(goal string, met bool) string {
