@@ -16,7 +16,6 @@ import (
 	"github.com/jackc/pgx/v5/pgproto3"
 	"go.uber.org/goleak"
 
-	"github.com/warden-dev/warden/governor"
 	"github.com/warden-dev/warden/governor/clock"
 	"github.com/warden-dev/warden/governor/metrics"
 	"github.com/warden-dev/warden/internal/testenv"
@@ -82,7 +81,7 @@ func (h *harness) pgBridge(name string, mods ...func(*policy.Bridge)) policy.Bri
 // apply makes bs the policy's bridges.
 func (h *harness) apply(bs ...policy.Bridge) error {
 	h.bridges = bs
-	return h.set.Apply(context.Background(), &governor.Controls{Policy: &policy.Policy{Bridges: bs}})
+	return h.set.Apply(context.Background(), controls(bs...))
 }
 
 func (h *harness) mustApply(bs ...policy.Bridge) {

@@ -24,7 +24,8 @@ const resetTimeout = 5 * time.Second
 // that a refusal can be a proper ErrorResponse.
 func (b *bridge) servePostgres(c *net.TCPConn, g *generation) {
 	_ = c.SetReadDeadline(time.Now().Add(b.set.opts.StartupTimeout))
-	pkt, msg, err := negotiate(c)
+	cio := newSockIO(c)
+	pkt, msg, err := negotiate(cio)
 	if err != nil {
 		if !isDisconnect(err) {
 			b.refuse(c, fatal("08P01", fmt.Sprintf("bridge %s: invalid startup packet: %v", b.name, err), ""))
@@ -53,7 +54,7 @@ func (b *bridge) servePostgres(c *net.TCPConn, g *generation) {
 	if runID == "" && params["replication"] == "" {
 		key = loginKey(msg.(*pgproto3.StartupMessage))
 		if w := g.logins.get(key); w != nil {
-			b.serveCachedLogin(c, g, pkt, key, w)
+			b.serveCachedLogin(c, cio, g, pkt, key, w)
 			return
 		}
 	}
@@ -72,7 +73,7 @@ func (b *bridge) servePostgres(c *net.TCPConn, g *generation) {
 		out, s.cancel, s.ct = b.issueCancelKey(out, len(w.key.secret), g.cfg.Upstream)
 		out, _ = (&pgproto3.ReadyForQuery{TxStatus: 'I'}).Encode(out)
 		s.adopt(w)
-		if _, err := c.Write(out); err != nil {
+		if _, err := cio.Write(out); err != nil {
 			s.end(causeClientGone)
 		}
 		s.run(nil, early)
@@ -86,17 +87,17 @@ func (b *bridge) servePostgres(c *net.TCPConn, g *generation) {
 // before it takes a server connection: a kept one for this login, or a new
 // one logged in on the client's behalf (quietly: the client already has
 // its welcome).
-func (b *bridge) serveCachedLogin(c *net.TCPConn, g *generation, pkt []byte, key string, w *welcome) {
+func (b *bridge) serveCachedLogin(c *net.TCPConn, cio sockIO, g *generation, pkt []byte, key string, w *welcome) {
 	out := appendWelcome(nil, w)
 	out, cancel, ct := b.issueCancelKey(out, len(w.key.secret), g.cfg.Upstream)
 	out, _ = (&pgproto3.ReadyForQuery{TxStatus: 'I'}).Encode(out)
-	if _, err := c.Write(out); err != nil {
+	if _, err := cio.Write(out); err != nil {
 		b.withdrawCancelKey(cancel)
 		_ = c.Close()
 		return
 	}
 	first := make([]byte, 4096)
-	n, err := c.Read(first)
+	n, err := cio.Read(first)
 	first = first[:n]
 	if err != nil || isTerminate(first) {
 		b.withdrawCancelKey(cancel)
@@ -214,7 +215,7 @@ func (s *session) login() error {
 		if len(out) == 0 {
 			return nil
 		}
-		_, err := s.cl.Write(out)
+		_, err := s.clIO.Write(out)
 		out = out[:0]
 		if err != nil {
 			return clientError{err}
@@ -341,7 +342,7 @@ func (s *session) resetForReuse() bool {
 		return false
 	}
 	q, _ := (&pgproto3.Query{String: "DISCARD ALL"}).Encode(s.bufs.login[:0])
-	if _, err := s.upNet.Write(q); err != nil {
+	if _, err := s.upIO.Write(q); err != nil {
 		return false
 	}
 	failed := false

@@ -105,7 +105,7 @@ func (b *bridge) newSession(g *generation, cl *net.TCPConn, up *dbpool.Conn, pg 
 		done: make(chan struct{}), bufs: bufferPool.Get().(*buffers),
 		clIO: newSockIO(cl), upIO: newSockIO(up.Net()),
 	}
-	s.bufs.br.Reset(s.upNet)
+	s.bufs.br.Reset(s.upIO)
 	return s
 }
 
@@ -121,7 +121,7 @@ func (s *session) run(startup, early []byte) {
 		if s.pg {
 			s.pending.Store(1) // the startup message awaits its ReadyForQuery
 		}
-		if _, err := s.upNet.Write(startup); err != nil {
+		if _, err := s.upIO.Write(startup); err != nil {
 			s.end(causeServerClosed)
 		}
 	}

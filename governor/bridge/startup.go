@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net"
 
 	"github.com/jackc/pgx/v5/pgproto3"
 )
@@ -25,7 +24,8 @@ const (
 )
 
 // readStartupPacket reads one length-prefixed startup-phase packet and
-// returns it whole, length included.
+// returns it whole, length included. The length is checked before the rest
+// is read, so a client announcing garbage is answered at once.
 func readStartupPacket(r io.Reader) ([]byte, error) {
 	var hdr [4]byte
 	if _, err := io.ReadFull(r, hdr[:]); err != nil {
@@ -100,7 +100,7 @@ const maxNegotiations = 2
 // encryption with 'N' (the bridge does not terminate either; a client that
 // requires them fails here, as against a server without them), until a
 // StartupMessage or CancelRequest. It returns that packet raw and decoded.
-func negotiate(c net.Conn) ([]byte, pgproto3.FrontendMessage, error) {
+func negotiate(c io.ReadWriter) ([]byte, pgproto3.FrontendMessage, error) {
 	for round := 0; ; round++ {
 		pkt, err := readStartupPacket(c)
 		if err != nil {
