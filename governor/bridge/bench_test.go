@@ -4,7 +4,6 @@ import (
 	"bufio"
 	"encoding/binary"
 	"net"
-	"sync"
 	"testing"
 	"time"
 
@@ -94,75 +93,42 @@ func untilReady(r *bufio.Reader) bool {
 // a trust login, and a fixed result for every Query.
 func cannedBackend(b *testing.B) string {
 	b.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		b.Fatal(err)
-	}
 	login := encodeAll(b, &pgproto3.AuthenticationOk{}, &pgproto3.ParameterStatus{Name: "server_version", Value: "15"},
 		&pgproto3.BackendKeyData{ProcessID: 7, SecretKey: []byte{1, 2, 3, 4}}, &pgproto3.ReadyForQuery{TxStatus: 'I'})
 	result := encodeAll(b, &pgproto3.RowDescription{Fields: []pgproto3.FieldDescription{{Name: []byte("x"), DataTypeOID: 23, DataTypeSize: 4, Format: 0}}},
 		&pgproto3.DataRow{Values: [][]byte{[]byte("1")}}, &pgproto3.CommandComplete{CommandTag: []byte("SELECT 1")},
 		&pgproto3.ReadyForQuery{TxStatus: 'I'})
 	discard := encodeAll(b, &pgproto3.CommandComplete{CommandTag: []byte("DISCARD ALL")}, &pgproto3.ReadyForQuery{TxStatus: 'I'})
-	var wg sync.WaitGroup
-	var mu sync.Mutex
-	var conns []net.Conn
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
+	return serveLoopback(b, func(c net.Conn) {
+		if _, err := readStartupPacket(c); err != nil {
+			return
+		}
+		if _, err := c.Write(login); err != nil {
+			return
+		}
+		r := bufio.NewReaderSize(c, 4096)
 		for {
-			c, err := ln.Accept()
+			hdr, err := r.Peek(5)
 			if err != nil {
 				return
 			}
-			mu.Lock()
-			conns = append(conns, c)
-			mu.Unlock()
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				defer c.Close()
-				if _, err := readStartupPacket(c); err != nil {
-					return
-				}
-				if _, err := c.Write(login); err != nil {
-					return
-				}
-				r := bufio.NewReaderSize(c, 4096)
-				for {
-					hdr, err := r.Peek(5)
-					if err != nil {
-						return
-					}
-					typ, n := hdr[0], int(binary.BigEndian.Uint32(hdr[1:]))
-					body, err := r.Peek(1 + n)
-					if err != nil {
-						return
-					}
-					reply := result
-					if typ == 'Q' && string(body[5:len(body)-1]) == "DISCARD ALL" {
-						reply = discard
-					}
-					if _, err := r.Discard(1 + n); err != nil || typ == 'X' {
-						return
-					}
-					if _, err := c.Write(reply); err != nil {
-						return
-					}
-				}
-			}()
+			typ, n := hdr[0], int(binary.BigEndian.Uint32(hdr[1:]))
+			body, err := r.Peek(1 + n)
+			if err != nil {
+				return
+			}
+			reply := result
+			if typ == 'Q' && string(body[5:len(body)-1]) == "DISCARD ALL" {
+				reply = discard
+			}
+			if _, err := r.Discard(1 + n); err != nil || typ == 'X' {
+				return
+			}
+			if _, err := c.Write(reply); err != nil {
+				return
+			}
 		}
-	}()
-	b.Cleanup(func() {
-		ln.Close()
-		mu.Lock()
-		for _, c := range conns {
-			c.Close()
-		}
-		mu.Unlock()
-		wg.Wait()
 	})
-	return ln.Addr().String()
 }
 
 func encodeAll(b *testing.B, msgs ...pgproto3.BackendMessage) []byte {

@@ -19,10 +19,21 @@ func echoServer(t *testing.T) string { return upstreamServer(t, "") }
 // upstreamServer is a loopback upstream that says hello (if not empty),
 // then echoes.
 func upstreamServer(t *testing.T, hello string) string {
-	t.Helper()
+	return serveLoopback(t, func(c net.Conn) {
+		if hello != "" {
+			_, _ = io.WriteString(c, hello+"\n")
+		}
+		_, _ = io.Copy(c, c)
+	})
+}
+
+// serveLoopback runs handle for every connection to a loopback listener
+// until the test ends, then closes everything and waits.
+func serveLoopback(tb testing.TB, handle func(net.Conn)) string {
+	tb.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
-		t.Fatal(err)
+		tb.Fatal(err)
 	}
 	var wg sync.WaitGroup
 	var mu sync.Mutex
@@ -41,15 +52,12 @@ func upstreamServer(t *testing.T, hello string) string {
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				if hello != "" {
-					_, _ = io.WriteString(c, hello+"\n")
-				}
-				_, _ = io.Copy(c, c)
-				c.Close()
+				defer c.Close()
+				handle(c)
 			}()
 		}
 	}()
-	t.Cleanup(func() {
+	tb.Cleanup(func() {
 		ln.Close()
 		mu.Lock()
 		for _, c := range conns {
