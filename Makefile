@@ -45,9 +45,10 @@ bench-limits:
 # pgbench directly, through a warden bridge and through PgBouncer (session
 # mode, same pool size), side by side. BENCH_T=5 BENCH_RUNS=1 for a quick look.
 bench-bridge:
-	@command -v pgbench >/dev/null || apt-get install -y postgresql-client
-	@command -v pgbouncer >/dev/null || apt-get install -y pgbouncer
+	@command -v pgbench >/dev/null || (apt-get update -qq && apt-get install -y postgresql-client)
+	@command -v pgbouncer >/dev/null || (apt-get update -qq && apt-get install -y pgbouncer)
 	@mkdir -p bench/out
+	$(GO) test -run='^$$' -bench=RoundTrip -benchmem -cpu=1,2 -count=1 ./governor/bridge/ | tee bench/out/bridge-go.txt
 	$(GO) run ./bench/cmd/benchbridge | tee bench/out/bridge.txt
 
 clean:
