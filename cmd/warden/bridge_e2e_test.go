@@ -4,9 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"io"
 	"net"
-	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -29,13 +27,8 @@ func TestBridgeEndToEnd(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	dir := t.TempDir()
-	bin := filepath.Join(dir, "warden")
-	build := exec.Command("go", "build", "-o", bin, ".")
-	if out, err := build.CombinedOutput(); err != nil {
-		t.Fatalf("go build: %v\n%s", err, out)
-	}
-	bridgeAddr, adminAddr := freeAddr(t), freeAddr(t)
+	bin := buildWarden(t)
+	bridgeAddr, adminAddr := freePort(t), freePort(t)
 	policy := fmt.Sprintf(`version: 1
 shutdown_grace: 5s
 admin: { listen: %s }
@@ -48,34 +41,13 @@ bridges:
     wait_timeout: 10s
     idle_timeout: 5m
 `, adminAddr, bridgeAddr, net.JoinHostPort(cfg.Host, strconv.Itoa(int(cfg.Port))))
+	dir := t.TempDir()
 	polFile := filepath.Join(dir, "policy.yaml")
 	if err := os.WriteFile(polFile, []byte(policy), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	logFile, err := os.Create(filepath.Join(dir, "warden.log"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer logFile.Close()
-	cmd := exec.Command(bin, "run", "--policy", polFile, "--data-dir", filepath.Join(dir, "data"))
-	cmd.Stdout, cmd.Stderr = logFile, logFile
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	exited := make(chan error, 1)
-	go func() { exited <- cmd.Wait() }()
-	stopped := false
-	defer func() {
-		if !stopped {
-			_ = cmd.Process.Kill() // by PID: this test's own child
-			<-exited
-		}
-		if t.Failed() {
-			log, _ := os.ReadFile(logFile.Name())
-			t.Logf("warden log:\n%s", log)
-		}
-	}()
-	waitListening(t, bridgeAddr)
+	p := start(t, bin, nil, "run", "--policy", polFile, "--data-dir", filepath.Join(dir, "data"))
+	p.waitLog(t, "warden running")
 
 	host, port, _ := net.SplitHostPort(bridgeAddr)
 	if psql, err := exec.LookPath("psql"); err == nil {
@@ -99,14 +71,16 @@ bridges:
 	}
 
 	var bridges []map[string]any
-	getJSON(t, "http://"+adminAddr+"/v1/bridges", &bridges)
+	if code, body := get(t, "http://"+adminAddr+"/v1/bridges"); code != 200 || json.Unmarshal([]byte(body), &bridges) != nil {
+		t.Fatalf("/v1/bridges: %d %s", code, body)
+	}
 	if len(bridges) != 1 || bridges[0]["name"] != "orders-db" || bridges[0]["max"] != float64(2) || bridges[0]["live"].(float64) < 1 {
 		t.Fatalf("/v1/bridges = %v", bridges)
 	}
 	if _, ok := bridges[0]["reaped"].(map[string]any)["client_gone"]; !ok {
 		t.Fatalf("/v1/bridges reaped = %v", bridges[0]["reaped"])
 	}
-	metrics := get(t, "http://"+adminAddr+"/metrics")
+	_, metrics := get(t, "http://"+adminAddr+"/metrics")
 	for _, want := range []string{`warden_bridge_connections{bridge="orders-db",state="in_use"}`,
 		`warden_bridge_waiting{bridge="orders-db"} 0`, `warden_bridge_wait_seconds_count{bridge="orders-db"}`} {
 		if !strings.Contains(metrics, want) {
@@ -115,60 +89,13 @@ bridges:
 	}
 	conn.Close(context.Background())
 
-	_ = cmd.Process.Signal(syscall.SIGTERM)
+	_ = p.cmd.Process.Signal(syscall.SIGTERM)
 	select {
-	case err := <-exited:
-		stopped = true
+	case err := <-p.done:
 		if err != nil {
 			t.Fatalf("warden exited with %v after SIGTERM", err)
 		}
 	case <-time.After(15 * time.Second):
 		t.Fatal("warden did not stop within 15s of SIGTERM")
-	}
-}
-
-func freeAddr(t *testing.T) string {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().String()
-}
-
-// waitListening polls until addr accepts: the process offers no other
-// signal that it is ready.
-func waitListening(t *testing.T, addr string) {
-	t.Helper()
-	deadline := time.Now().Add(20 * time.Second)
-	for time.Now().Before(deadline) {
-		if c, err := net.DialTimeout("tcp", addr, time.Second); err == nil {
-			c.Close()
-			return
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	t.Fatalf("nothing listening on %s", addr)
-}
-
-func get(t *testing.T, url string) string {
-	t.Helper()
-	resp, err := http.Get(url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	b, err := io.ReadAll(resp.Body)
-	if err != nil || resp.StatusCode != http.StatusOK {
-		t.Fatalf("GET %s: %d %v", url, resp.StatusCode, err)
-	}
-	return string(b)
-}
-
-func getJSON(t *testing.T, url string, v any) {
-	t.Helper()
-	if err := json.Unmarshal([]byte(get(t, url)), v); err != nil {
-		t.Fatalf("GET %s: %v", url, err)
 	}
 }

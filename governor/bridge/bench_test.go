@@ -93,12 +93,12 @@ func untilReady(r *bufio.Reader) bool {
 // a trust login, and a fixed result for every Query.
 func cannedBackend(b *testing.B) string {
 	b.Helper()
-	login := encodeAll(b, &pgproto3.AuthenticationOk{}, &pgproto3.ParameterStatus{Name: "server_version", Value: "15"},
+	login := encode(b, &pgproto3.AuthenticationOk{}, &pgproto3.ParameterStatus{Name: "server_version", Value: "15"},
 		&pgproto3.BackendKeyData{ProcessID: 7, SecretKey: []byte{1, 2, 3, 4}}, &pgproto3.ReadyForQuery{TxStatus: 'I'})
-	result := encodeAll(b, &pgproto3.RowDescription{Fields: []pgproto3.FieldDescription{{Name: []byte("x"), DataTypeOID: 23, DataTypeSize: 4, Format: 0}}},
+	result := encode(b, &pgproto3.RowDescription{Fields: []pgproto3.FieldDescription{{Name: []byte("x"), DataTypeOID: 23, DataTypeSize: 4, Format: 0}}},
 		&pgproto3.DataRow{Values: [][]byte{[]byte("1")}}, &pgproto3.CommandComplete{CommandTag: []byte("SELECT 1")},
 		&pgproto3.ReadyForQuery{TxStatus: 'I'})
-	discard := encodeAll(b, &pgproto3.CommandComplete{CommandTag: []byte("DISCARD ALL")}, &pgproto3.ReadyForQuery{TxStatus: 'I'})
+	discard := encode(b, &pgproto3.CommandComplete{CommandTag: []byte("DISCARD ALL")}, &pgproto3.ReadyForQuery{TxStatus: 'I'})
 	return serveLoopback(b, func(c net.Conn) {
 		if _, err := readStartupPacket(c); err != nil {
 			return
@@ -129,17 +129,6 @@ func cannedBackend(b *testing.B) string {
 			}
 		}
 	})
-}
-
-func encodeAll(b *testing.B, msgs ...pgproto3.BackendMessage) []byte {
-	var out []byte
-	for _, m := range msgs {
-		var err error
-		if out, err = m.Encode(out); err != nil {
-			b.Fatal(err)
-		}
-	}
-	return out
 }
 
 func controls(bs ...policy.Bridge) *governor.Controls {
