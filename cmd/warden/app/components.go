@@ -1,5 +1,7 @@
 package app
 
+import "github.com/warden-dev/warden/governor/bridge"
+
 // buildComponents lists, in start order, every component a policy can turn
 // on. Each is started by Apply when its section is present, reconfigured on
 // reload and stopped when its section disappears; shutdown runs in reverse
@@ -12,5 +14,11 @@ package app
 //	Semaphores() any       // GET /v1/semaphores
 //	Queues() any           // GET /v1/queues
 func (a *App) buildComponents() []Component {
-	return nil
+	return []Component{
+		bridge.New(bridge.Options{
+			Clock: a.clk, Metrics: a.metrics, Log: a.log.With("component", "bridges"),
+			// Runs: the scheduler's bridge.RunTracker, once it lands; nil
+			// turns run binding off (logged once).
+		}),
+	}
 }
