@@ -21,6 +21,30 @@ type upstream struct {
 	mu    sync.Mutex
 	conns []net.Conn
 	wg    sync.WaitGroup
+	// arrived ticks after each accepted connection is recorded, so a test
+	// can wait for the server side of a connection it just dialled.
+	arrived chan struct{}
+}
+
+// nth returns the i-th accepted connection, waiting for the accept loop to
+// record it: a client's dial can return before the server's Accept does.
+func (u *upstream) nth(t *testing.T, i int) net.Conn {
+	t.Helper()
+	timeout := time.After(5 * time.Second)
+	for {
+		u.mu.Lock()
+		if len(u.conns) > i {
+			c := u.conns[i]
+			u.mu.Unlock()
+			return c
+		}
+		u.mu.Unlock()
+		select {
+		case <-u.arrived:
+		case <-timeout:
+			t.Fatalf("upstream never accepted connection %d", i)
+		}
+	}
 }
 
 func newUpstream(t *testing.T) *upstream {
@@ -29,7 +53,7 @@ func newUpstream(t *testing.T) *upstream {
 	if err != nil {
 		t.Fatal(err)
 	}
-	u := &upstream{ln: ln}
+	u := &upstream{ln: ln, arrived: make(chan struct{}, 1)}
 	u.wg.Add(1)
 	go func() {
 		defer u.wg.Done()
@@ -41,6 +65,10 @@ func newUpstream(t *testing.T) *upstream {
 			u.mu.Lock()
 			u.conns = append(u.conns, c)
 			u.mu.Unlock()
+			select {
+			case u.arrived <- struct{}{}:
+			default:
+			}
 		}
 	}()
 	t.Cleanup(func() {
@@ -287,9 +315,7 @@ func TestDeadKeptConnectionIsRedialed(t *testing.T) {
 	a := mustAcquire(t, p, "k")
 	p.Put(a)
 	// The server side closes the kept connection.
-	u.mu.Lock()
-	u.conns[0].Close()
-	u.mu.Unlock()
+	u.nth(t, 0).Close()
 	// Wait until the close has reached the kept socket.
 	deadline := time.Now().Add(5 * time.Second)
 	for alive(a.nc) && time.Now().Before(deadline) {
