@@ -434,4 +434,3 @@ func TestBackendDownFailClosed(t *testing.T) {
 		t.Fatalf("an unlimited descriptor was refused: %v", resp)
 	}
 }
-
