@@ -1,5 +1,7 @@
 package app
 
+import "github.com/warden-dev/warden/proxy/rls"
+
 // buildComponents lists, in start order, every component a policy can turn
 // on. Each is started by Apply when its section is present, reconfigured on
 // reload and stopped when its section disappears; shutdown runs in reverse
@@ -11,6 +13,10 @@ package app
 //	Bridges() any          // GET /v1/bridges
 //	Semaphores() any       // GET /v1/semaphores
 //	Queues() any           // GET /v1/queues
+//	Degraded() error       // /readyz body: serving, but degraded
 func (a *App) buildComponents() []Component {
-	return nil
+	return []Component{
+		a.backend, // first: every other component counts in its windows
+		rls.New(a.gov.Counter(), a.clk, a.metrics, a.log),
+	}
 }
