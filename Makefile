@@ -42,5 +42,14 @@ bench-limits:
 	$(GO) test -run='^$$' -bench=. -benchmem -cpu=1,2 -count=1 ./bench/limits/ | tee bench/out/limits.txt
 	$(GO) run ./bench/cmd/benchtab limits < bench/out/limits.txt
 
+# Shared windows through Redis and the Envoy RLS (needs redis-server and
+# redis-benchmark: apt-get install redis-server redis-tools). REDIS_URL
+# picks the server; BENCH_FLAGS passes e.g. -duration 10s -rounds 3.
+REDIS_URL ?= redis://127.0.0.1:6379/0
+bench-rls:
+	@mkdir -p bench/out
+	$(GO) build -o bench/out/rlsbench ./bench/cmd/rlsbench
+	bench/out/rlsbench -redis $(REDIS_URL) $(BENCH_FLAGS) | tee bench/out/rls.txt
+
 clean:
 	rm -rf bin bench/out

@@ -55,7 +55,7 @@ type Config struct {
 
 // Defaults.
 const (
-	DefaultDialTimeout  = 50 * time.Millisecond
+	DefaultDialTimeout  = 100 * time.Millisecond
 	DefaultReadTimeout  = 100 * time.Millisecond
 	DefaultWriteTimeout = 100 * time.Millisecond
 	DefaultProbeEvery   = 250 * time.Millisecond
@@ -118,6 +118,7 @@ func Open(cfg Config, clk clock.Clock, m *metrics.Metrics, log *slog.Logger) (*C
 	opt.MaxRetries = -1
 	opt.DialerRetries = 1
 	opt.PoolSize = cfg.Senders + 8
+	opt.MinIdleConns = cfg.Senders // dialled up front, not by the first batches
 	opt.DisableIdentity = true
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)

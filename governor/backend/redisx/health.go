@@ -59,11 +59,11 @@ func (h *health) trip(cause error) {
 	}
 	h.down.Store(true)
 	h.since, h.cause = h.clk.Now(), cause
-	h.notifyLocked()
-	h.mu.Unlock()
 	if h.c.m != nil {
 		h.c.m.BackendDegraded.Set(1)
 	}
+	h.notifyLocked()
+	h.mu.Unlock()
 	if h.c.cfg.FailClosed {
 		h.c.log.Error("shared backend unreachable: refusing decisions with control upstream until it answers (on_error: fail_closed)", "err", cause)
 	} else {
@@ -80,11 +80,11 @@ func (h *health) recovered() {
 	outage := h.clk.Now().Sub(h.since)
 	h.down.Store(false)
 	h.cause = nil
-	h.notifyLocked()
-	h.mu.Unlock()
 	if h.c.m != nil {
 		h.c.m.BackendDegraded.Set(0)
 	}
+	h.notifyLocked()
+	h.mu.Unlock()
 	h.c.log.Info("shared backend reachable again: shared windows in force", "outage", outage.Round(time.Millisecond))
 }
 

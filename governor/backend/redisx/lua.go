@@ -8,78 +8,96 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// gateLib is the Lua every admission script starts with. A gate kind is a
-// pair of functions: <kind>_read consumes the gate's KEYS and ARGV through
-// the cursors, reads its state and says whether it admits (g.ok) without
-// writing anything; g.commit(g) applies it. A script reads every gate of an
-// admission first and commits them only when all admit, so a refused
-// admission leaves Redis untouched (envoyproxy/ratelimit#185).
+// gateLib is the Lua every admission script starts with: a table of gate
+// kinds, each with how many KEYS and ARGV it consumes and three functions
+// taking its first KEYS and ARGV index:
 //
-// To add a gate kind (a lease in a sorted set, say): write lease_read
-// setting g.ok, g.value and g.commit, add it to read_gate, add the Go
-// encoder in op.go. Every key a gate touches is passed in KEYS.
+//	apply(k, a)     -> ok, value   take the gate if it admits; leave it as it was if not
+//	undo(k, a, v)   -> value       give back what apply took (v is what apply returned)
+//	peek(k, a)      -> ok, value   read only
+//
+// An admission applies its gates in order; the first refusal undoes the
+// ones already applied and the rest are only peeked. Inside one script
+// nothing else runs in between, so no client ever sees a refused admission
+// counted (envoyproxy/ratelimit#185), and the common case — one gate that
+// admits — costs a single redis.call. Redis's per-call cost inside Lua is
+// what bounds warden's shared admissions per second, so the gates avoid
+// tables and extra calls on that path.
+//
+// To add a gate kind (a lease in a sorted set, say): add gates.<letter>
+// with its three functions, and its encoder in batch.go. Every key a gate
+// touches must come in through KEYS.
 const gateLib = `
-local ki, ai = 0, 0
-local function nextkey() ki = ki + 1; return KEYS[ki] end
-local function nextarg() ai = ai + 1; return ARGV[ai] end
-local function nextnum() ai = ai + 1; return tonumber(ARGV[ai]) end
+local gates = {}
 
--- window: a fixed-window counter whose key carries the window start.
+-- w: a fixed-window counter whose key carries the window start.
 -- KEYS: counter, index of the window's keys. ARGV: limit, n, ttl_ms, member.
--- The expiry is set once, when the key is created, with the window's end
--- (never an EXPIRE per hit: envoyproxy/ratelimit#72, #80, #595).
-local function window_commit(g)
-  if g.exists then
-    g.value = redis.call('INCRBY', g.key, g.n)
-    return
+-- The expiry is set once, when this call creates the key, with the time
+-- left in the window (never an EXPIRE per hit: envoyproxy/ratelimit#72,
+-- #80, #595). A key created and refused in the same call is deleted.
+gates.w = {keys = 2, args = 4}
+function gates.w.apply(k, a)
+  local key, n = KEYS[k], ARGV[a + 1]
+  local v = redis.call('INCRBY', key, n)
+  local d = tonumber(n)
+  if v > tonumber(ARGV[a]) then
+    if v == d then redis.call('DEL', key) else redis.call('DECRBY', key, n) end
+    return false, v - d
   end
-  redis.call('SET', g.key, g.n, 'PX', g.ttl)
-  g.value = g.n
-  if redis.call('SADD', g.idx, g.member) == 1 and redis.call('SCARD', g.idx) == 1 then
-    redis.call('PEXPIRE', g.idx, g.ttl)
+  if v == d and redis.call('PTTL', key) == -1 then
+    local idx, ttl = KEYS[k + 1], ARGV[a + 2]
+    redis.call('PEXPIRE', key, ttl)
+    if redis.call('SADD', idx, ARGV[a + 3]) == 1 and redis.call('SCARD', idx) == 1 then
+      redis.call('PEXPIRE', idx, ttl)
+    end
   end
+  return true, v
 end
-
-local function window_read()
-  local g = {key = nextkey(), idx = nextkey()}
-  g.limit, g.n, g.ttl, g.member = nextnum(), nextnum(), nextnum(), nextarg()
-  local v = redis.call('GET', g.key)
-  g.exists = v ~= false
-  g.value = g.exists and tonumber(v) or 0
-  g.ok = g.value + g.n <= g.limit
-  g.commit = window_commit
-  return g
+function gates.w.undo(k, a, v)
+  local key, n = KEYS[k], ARGV[a + 1]
+  local d = tonumber(n)
+  if v == d then redis.call('DEL', key) else redis.call('DECRBY', key, n) end
+  return v - d
 end
-
-local function read_gate(kind)
-  if kind == 'w' then return window_read() end
-  return redis.error_reply('warden: unknown gate kind ' .. tostring(kind))
+function gates.w.peek(k, a)
+  local v = tonumber(redis.call('GET', KEYS[k]) or '0')
+  return v + tonumber(ARGV[a + 1]) <= tonumber(ARGV[a]), v
 end
 `
 
-// admitBody runs a batch of admissions. ARGV starts with the number of
-// admissions; each admission is its gate count (negative: check only, never
-// commit) followed by its gates, each a kind letter and the kind's
-// arguments. The reply has one integer per gate, in order: value*2 + ok.
+// admitBody runs a batch of admissions. ARGV[1] is the number of
+// admissions; each is its gate count (negative: check only, apply nothing)
+// followed by its gates, each a kind letter and the kind's arguments. The
+// reply has one integer per gate, in order: value*2 + ok.
 const admitBody = `
-local out, o = {}, 0
-for _ = 1, nextnum() do
-  local ng = nextnum()
-  local commit = ng > 0
-  if ng < 0 then ng = -ng end
-  local gates, all = {}, true
-  for j = 1, ng do
-    local g = read_gate(nextarg())
-    if g.ok == nil then return g end
-    gates[j] = g
-    all = all and g.ok
-  end
-  if all and commit then
-    for j = 1, ng do gates[j].commit(gates[j]) end
-  end
-  for j = 1, ng do
+local ki, ai, o, out = 1, 2, 0, {}
+local uk, ua, uv, ug, uo = {}, {}, {}, {}, {}
+for _ = 1, tonumber(ARGV[1]) do
+  local ng = tonumber(ARGV[ai])
+  ai = ai + 1
+  local refused = ng < 0
+  if refused then ng = -ng end
+  local m = 0
+  for _ = 1, ng do
+    local g = gates[ARGV[ai]]
+    if g == nil then return redis.error_reply('warden: unknown gate kind ' .. tostring(ARGV[ai])) end
+    local k, a = ki, ai + 1
+    ki, ai = ki + g.keys, a + g.args
+    local ok, v
+    if refused then
+      ok, v = g.peek(k, a)
+    else
+      ok, v = g.apply(k, a)
+      if ok then
+        m = m + 1
+        uk[m], ua[m], uv[m], ug[m], uo[m] = k, a, v, g, o + 1
+      else
+        refused = true
+        for i = 1, m do out[uo[i]] = ug[i].undo(uk[i], ua[i], uv[i]) * 2 + 1 end
+      end
+    end
     o = o + 1
-    out[o] = gates[j].value * 2 + (gates[j].ok and 1 or 0)
+    out[o] = v * 2 + (ok and 1 or 0)
   end
 end
 return out
