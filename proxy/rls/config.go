@@ -1,8 +1,11 @@
 package rls
 
 import (
+	"strconv"
+
 	"github.com/prometheus/client_golang/prometheus"
 
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	rlspb "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 
 	"github.com/warden-dev/warden/governor/metrics"
@@ -34,9 +37,11 @@ type keyLimits struct {
 type limit struct {
 	rate  int64
 	scope *window.Scope
-	unit  rlspb.RateLimitResponse_RateLimit_Unit
-	name  string // "key" or "key=value", reported as current_limit.name
 	quota string // "rls:domain:key=" prefix of the 429 body's quota field
+	// Shared by every response of this limit: gRPC only reads (marshals)
+	// them, so one immutable message per limit saves an allocation a call.
+	current     *rlspb.RateLimitResponse_RateLimit // name "key" or "key=value"
+	limitHeader *corev3.HeaderValue
 }
 
 // domainMetrics are one domain's pre-resolved metric children, so a call
@@ -89,10 +94,11 @@ func compile(p *policy.RLS, m *metrics.Metrics) *config {
 				kl = &keyLimits{values: map[string]*limit{}}
 				d.keys[e.Key] = kl
 			}
-			l := &limit{rate: int64(e.Rate), scope: scope(name, e.Key, e.Window), unit: unit(e.Window),
-				name: e.Key, quota: "rls:" + name + ":" + e.Key + "="}
+			l := &limit{rate: int64(e.Rate), scope: scope(name, e.Key, e.Window), quota: "rls:" + name + ":" + e.Key + "="}
+			l.current = &rlspb.RateLimitResponse_RateLimit{Name: e.Key, RequestsPerUnit: uint32(e.Rate), Unit: unit(e.Window)}
+			l.limitHeader = &corev3.HeaderValue{Key: HeaderLimit, Value: strconv.Itoa(e.Rate)}
 			if e.Value != "" {
-				l.name = e.Key + "=" + e.Value
+				l.current.Name = e.Key + "=" + e.Value
 				kl.values[e.Value] = l
 			} else {
 				kl.def = l

@@ -186,7 +186,7 @@ func (c *call) status(desc int, now time.Time) *rlspb.RateLimitResponse_Descript
 	if c.refused(best) {
 		st.Code = rlspb.RateLimitResponse_OVER_LIMIT
 	}
-	st.CurrentLimit = &rlspb.RateLimitResponse_RateLimit{Name: l.name, RequestsPerUnit: uint32(min(l.rate, math.MaxUint32)), Unit: l.unit}
+	st.CurrentLimit = l.current
 	st.LimitRemaining = uint32(min(c.remaining(best), math.MaxUint32))
 	st.DurationUntilReset = durationpb.New(max(d.ResetIn(now), 0))
 	return st
@@ -227,7 +227,7 @@ func (c *call) headers(j int, now time.Time, refused bool) []*corev3.HeaderValue
 	}
 	reset := strconv.FormatInt(c.resetSeconds(j, now), 10)
 	h := []*corev3.HeaderValue{
-		{Key: HeaderLimit, Value: strconv.FormatInt(c.lims[j].rate, 10)},
+		c.lims[j].limitHeader,
 		{Key: HeaderRemaining, Value: strconv.FormatInt(c.remaining(j), 10)},
 		{Key: HeaderReset, Value: reset},
 	}

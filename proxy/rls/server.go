@@ -100,8 +100,14 @@ func (s *Server) Apply(ctx context.Context, c *governor.Controls) error {
 	return nil
 }
 
+// streamWorkers is how many goroutines serve calls. Each call waits for
+// its window decision (a Redis round trip with a shared backend), so there
+// are many more than cores; reused workers keep their grown stacks, where a
+// goroutine per call would grow a fresh one every time.
+const streamWorkers = 64
+
 func (s *Server) newGRPC() *grpc.Server {
-	srv := grpc.NewServer(grpc.NumStreamWorkers(2))
+	srv := grpc.NewServer(grpc.NumStreamWorkers(streamWorkers))
 	rlspb.RegisterRateLimitServiceServer(srv, s)
 	return srv
 }

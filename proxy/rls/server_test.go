@@ -45,7 +45,7 @@ rls:
 
 // rig is one RLS on loopback with a gRPC client.
 type rig struct {
-	t   *testing.T
+	t   testing.TB
 	clk *clock.Fake
 	m   *metrics.Metrics
 	gov *governor.Governor
@@ -65,7 +65,7 @@ const (
 // and a 60 s window does not end during a test.
 func start() time.Time { return time.Now().Truncate(time.Minute).Add(10 * time.Second) }
 
-func newRig(t *testing.T, kind counterKind, yaml string) *rig {
+func newRig(t testing.TB, kind counterKind, yaml string) *rig {
 	t.Helper()
 	clk := clock.NewFake(start())
 	m := metrics.New()
