@@ -27,6 +27,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	commonpb "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
@@ -61,7 +62,7 @@ func main() {
 	var o options
 	flag.StringVar(&o.url, "redis", "redis://127.0.0.1:6379/0", "Redis URL")
 	flag.DurationVar(&o.duration, "duration", 5*time.Second, "measured time per row")
-	flag.IntVar(&o.callers, "callers", 256, "concurrent admissions per process")
+	flag.IntVar(&o.callers, "callers", 64, "concurrent admissions per process (in flight at once, as requests in a sidecar)")
 	flag.IntVar(&o.rlsCallers, "rls-callers", 64, "concurrent ShouldRateLimit callers")
 	flag.IntVar(&o.rlsConns, "rls-conns", 4, "gRPC connections the callers share")
 	flag.IntVar(&o.rounds, "rounds", 1, "repeat the whole table this many times")
@@ -85,13 +86,26 @@ func main() {
 	}
 }
 
-// result is one load's outcome, printed by children as a JSON line.
+// result is one load's outcome, printed by children as a JSON line. Ops
+// counts successful decisions only; latencies are theirs.
 type result struct {
 	Ops     int64   `json:"ops"`
 	Seconds float64 `json:"seconds"`
 	P50     float64 `json:"p50_ms"`
 	P99     float64 `json:"p99_ms"`
 	Errors  int64   `json:"errors"`
+	// CPU is the CPU time (user+system) the deciding process used while
+	// measured, so CPU per decision can be read even on a busy machine.
+	CPU float64 `json:"cpu_seconds"`
+}
+
+// cpuSeconds is this process's CPU time so far.
+func cpuSeconds() float64 {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return 0
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano()).Seconds()
 }
 
 func (r result) rate() float64 { return float64(r.Ops) / r.Seconds }
@@ -103,13 +117,19 @@ func report(r result) {
 }
 
 // load runs f from n goroutines for warm-up plus d, measuring only d.
-func load(n int, d time.Duration, f func(worker, i int) error) result {
+// cpu, when not nil, is read at the start and end of the measured span.
+func load(n int, d time.Duration, cpu func() float64, f func(worker, i int) error) result {
 	const warmup = 500 * time.Millisecond
 	lat := make([][]time.Duration, n)
 	errs := make([]int64, n)
 	var wg sync.WaitGroup
 	begin := time.Now()
 	measureFrom, end := begin.Add(warmup), begin.Add(warmup+d)
+	var cpu0, cpu1 float64
+	if cpu != nil {
+		t := time.AfterFunc(warmup, func() { cpu0 = cpu() })
+		defer t.Stop()
+	}
 	for w := range n {
 		wg.Add(1)
 		go func() {
@@ -124,6 +144,7 @@ func load(n int, d time.Duration, f func(worker, i int) error) result {
 				if t0.After(measureFrom) {
 					if err != nil {
 						errs[w]++
+						continue
 					}
 					l = append(l, time.Since(t0))
 				}
@@ -132,8 +153,11 @@ func load(n int, d time.Duration, f func(worker, i int) error) result {
 		}()
 	}
 	wg.Wait()
+	if cpu != nil {
+		cpu1 = cpu()
+	}
 	var all []time.Duration
-	var r result
+	r := result{CPU: cpu1 - cpu0}
 	for w := range n {
 		all = append(all, lat[w]...)
 		r.Errors += errs[w]
@@ -166,7 +190,7 @@ func runAdmit(o options) result {
 	defer r.Close()
 	s := window.NewScope("tenant:ingress", 3600)
 	keys := tenants(o.keys)
-	return load(o.callers, o.duration, func(w, i int) error {
+	return load(o.callers, o.duration, cpuSeconds, func(w, i int) error {
 		if d := r.Take(s, keys[(w*7919+i)%len(keys)], 1<<40, 1, time.Now()); !d.Allowed {
 			return fmt.Errorf("refused")
 		}
@@ -196,7 +220,7 @@ func runBaseline(o options) result {
 		keys[i] = o.prefix + "baseline:" + strconv.Itoa(i)
 	}
 	ctx := context.Background()
-	return load(o.callers, o.duration, func(w, i int) error {
+	return load(o.callers, o.duration, cpuSeconds, func(w, i int) error {
 		k := keys[(w*7919+i)%len(keys)]
 		_, err := rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
 			p.IncrBy(ctx, k, 1)
@@ -237,12 +261,17 @@ func serveRLS(o options) {
 		log.Fatal(err)
 	}
 	fmt.Println("ADDR", srv.Addr())
-	_, _ = io.Copy(io.Discard, os.Stdin)
+	// Each line on stdin asks for this process's CPU time; EOF stops it.
+	sc := bufio.NewScanner(os.Stdin)
+	for sc.Scan() {
+		fmt.Printf("CPU %g\n", cpuSeconds())
+	}
 	_ = srv.Shutdown(context.Background())
 }
 
-// rlsLoad drives an RLS at addr with callers over conns connections.
-func rlsLoad(o options, addr string) result {
+// rlsLoad drives an RLS at addr with callers over conns connections; cpu
+// reads the server's CPU time.
+func rlsLoad(o options, addr string, cpu func() float64) result {
 	var clients []rlspb.RateLimitServiceClient
 	for range o.rlsConns {
 		conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
@@ -259,7 +288,7 @@ func rlsLoad(o options, addr string) result {
 		}}
 	}
 	ctx := context.Background()
-	return load(o.rlsCallers, o.duration, func(w, i int) error {
+	return load(o.rlsCallers, o.duration, cpu, func(w, i int) error {
 		resp, err := clients[w%len(clients)].ShouldRateLimit(ctx, reqs[(w*7919+i)%len(reqs)])
 		if err == nil && resp.OverallCode != rlspb.RateLimitResponse_OK {
 			err = fmt.Errorf("refused")
@@ -316,13 +345,25 @@ func withRLS(o options, backend string) result {
 	if err := cmd.Start(); err != nil {
 		log.Fatal(err)
 	}
-	line, err := bufio.NewReader(stdout).ReadString('\n')
+	out := bufio.NewReader(stdout)
+	line, err := out.ReadString('\n')
 	addr, ok := strings.CutPrefix(strings.TrimSpace(line), "ADDR ")
 	if err != nil || !ok {
 		_ = cmd.Process.Kill()
 		log.Fatalf("rls child printed %q: %v", line, err)
 	}
-	r := rlsLoad(o, addr)
+	var mu sync.Mutex
+	cpu := func() float64 {
+		mu.Lock()
+		defer mu.Unlock()
+		if _, err := io.WriteString(stdin, "cpu\n"); err != nil {
+			return 0
+		}
+		line, _ := out.ReadString('\n')
+		v, _ := strconv.ParseFloat(strings.TrimSpace(strings.TrimPrefix(line, "CPU ")), 64)
+		return v
+	}
+	r := rlsLoad(o, addr, cpu)
 	stdin.Close()
 	if err := cmd.Wait(); err != nil {
 		log.Printf("rls child: %v", err)
@@ -384,6 +425,7 @@ func parent(o options) {
 			sum.Errors += r.Errors
 			sum.P50 = max(sum.P50, r.P50)
 			sum.P99 = max(sum.P99, r.P99)
+			sum.CPU += r.CPU
 		}
 		mem := withRLS(o, "memory")
 		red := withRLS(o, "redis")
@@ -395,7 +437,7 @@ func parent(o options) {
 			{"RLS ShouldRateLimit, Redis windows", 1, red, 30000, 0},
 		}
 		fmt.Printf("round %d — ceiling: redis-benchmark -t incr -q = %.0f INCR/s (50 clients, one command per round trip)\n", round, ceil)
-		fmt.Printf("%-40s %5s %12s %8s %8s %7s %9s  %s\n", "path", "procs", "decisions/s", "p50 ms", "p99 ms", "errors", "vs INCR", "goal")
+		fmt.Printf("%-40s %5s %12s %8s %8s %7s %10s %9s  %s\n", "path", "procs", "decisions/s", "p50 ms", "p99 ms", "errors", "CPU µs/dec", "vs INCR", "goal")
 		for _, r := range rows {
 			goal, met := "", true
 			if r.minRate > 0 {
@@ -417,13 +459,20 @@ func parent(o options) {
 					failed = true
 				}
 			}
-			fmt.Printf("%-40s %5d %12.0f %8.2f %8.2f %7d %8.2f×  %s\n", r.label, r.procs, r.r.rate(), r.r.P50, r.r.P99, r.r.Errors, r.r.rate()/ceil, goal)
+			cpuPer := 0.0
+			if r.r.Ops > 0 {
+				cpuPer = r.r.CPU * 1e6 / float64(r.r.Ops)
+			}
+			fmt.Printf("%-40s %5d %12.0f %8.2f %8.2f %7d %10.1f %8.2f×  %s\n", r.label, r.procs, r.r.rate(), r.r.P50, r.r.P99, r.r.Errors, cpuPer, r.r.rate()/ceil, goal)
 		}
 		fmt.Println()
 	}
 	fmt.Println("vs INCR = decisions/s ÷ the same round's redis-benchmark INCR/s. Every admission is one window take")
 	fmt.Println("(admitted: the limits are out of reach, so no answer comes from the local over-limit cache). The 3-sidecar")
-	fmt.Println("row runs three processes at once on one Redis; its p50/p99 are the worst of the three.")
+	fmt.Println("row runs three processes at once on one Redis; its p50/p99 are the worst of the three. decisions/s counts")
+	fmt.Println("successful decisions only; errors are decisions the backend did not make (fail_closed: a timeout or an")
+	fmt.Println("open breaker). CPU µs/dec is the deciding process's CPU time per decision (the RLS server's for RLS rows;")
+	fmt.Println("Redis's and the load generator's time are not in it): it holds on a busy machine where decisions/s does not.")
 	if failed {
 		os.Exit(1)
 	}

@@ -181,8 +181,13 @@ func TestBackendOutageThroughTheApp(t *testing.T) {
 			}
 
 			srv.Stop()
-			call() // the call that finds Redis gone
-			waitBackend(t, a, false)
+			// The calls that find Redis gone (at most three) open the breaker.
+			for i := 0; !a.backend.red.Client().Down(); i++ {
+				if i == 3 {
+					t.Fatal("three failed calls did not open the breaker")
+				}
+				call()
+			}
 			code, body := getStatus(t, admin+"/readyz")
 			_, metrics := getStatus(t, admin+"/metrics")
 			if !strings.Contains(metrics, "warden_backend_degraded 1") {

@@ -3,16 +3,19 @@ package redisx
 import (
 	"context"
 	"fmt"
+	"runtime"
 	"time"
 )
 
-// batcher turns concurrent admissions into few Redis calls. Senders (a
-// handful of goroutines) each take the first waiting op, then every op
+// batcher turns concurrent admissions into few Redis calls. Senders (two
+// goroutines by default) each take the first waiting op, then every op
 // queued behind it up to MaxBatch, and send them as one EVALSHA; the ops
 // that arrive while a batch is on the wire form the next one. This is
 // natural batching: no timer lingers for more work, so a lone admission
 // pays one round trip and a busy sidecar sends hundreds per round trip.
-// Several senders keep Redis busy while another batch's reply is decoded.
+// A second sender keeps Redis busy while the other batch's reply is
+// decoded; more senders would mean smaller batches, and each batch costs a
+// write and a read syscall whatever it carries.
 type batcher struct {
 	c   *Client
 	ops chan *Op
@@ -56,18 +59,33 @@ func (b *batcher) sender() {
 		case <-b.c.done:
 			return
 		}
-	fill:
-		for len(batch) < b.c.cfg.MaxBatch {
-			select {
-			case op := <-b.ops:
-				batch = append(batch, op)
-			default:
-				break fill
-			}
+		batch = b.fill(batch)
+		if len(batch) < b.c.cfg.MaxBatch {
+			// Let the goroutines that are runnable right now — requests
+			// about to decide — queue their admissions before this batch
+			// leaves: one scheduling round, no timer. An idle process
+			// returns at once; a busy one sends far fewer, larger batches,
+			// and on a VM every round trip's syscalls cost more than the
+			// admissions in it.
+			runtime.Gosched()
+			batch = b.fill(batch)
 		}
 		args = b.send(batch, args)
 		clear(batch)
 	}
+}
+
+// fill adds the queued ops to batch, up to MaxBatch, without waiting.
+func (b *batcher) fill(batch []*Op) []*Op {
+	for len(batch) < b.c.cfg.MaxBatch {
+		select {
+		case op := <-b.ops:
+			batch = append(batch, op)
+		default:
+			return batch
+		}
+	}
+	return batch
 }
 
 // send runs one batch and completes its ops. It returns args for reuse.

@@ -59,7 +59,7 @@ const (
 	DefaultReadTimeout  = 100 * time.Millisecond
 	DefaultWriteTimeout = 100 * time.Millisecond
 	DefaultProbeEvery   = 250 * time.Millisecond
-	DefaultSenders      = 4
+	DefaultSenders      = 2
 	DefaultMaxBatch     = 256
 )
 
@@ -199,13 +199,14 @@ func (c *Client) observe(op string, start time.Time, err error) {
 		c.m.BackendLatency.WithLabelValues(op).Observe(time.Since(start).Seconds())
 	}
 	if err == nil || errors.Is(err, redis.Nil) {
+		c.h.success()
 		return
 	}
 	if c.m != nil {
 		c.m.BackendErrors.WithLabelValues(op).Inc()
 	}
 	if isOutage(err) {
-		c.h.trip(err)
+		c.h.failure(err)
 		return
 	}
 	if c.errLog.allow(time.Now()) {

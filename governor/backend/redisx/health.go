@@ -14,17 +14,20 @@ import (
 	"github.com/warden-dev/warden/governor/clock"
 )
 
-// health is the breaker around Redis itself: closed (up) until a call fails
-// with an outage-class error, then open (down) — every call returns
+// health is the breaker around Redis itself: closed (up) until calls fail
+// with outage-class errors, then open (down) — every call returns
 // ErrUnavailable at once, so an outage does not add a timeout to each
-// decision — until a background PING succeeds. A single failure opens it:
-// each failed batch has already cost its callers one timeout, and the probe
-// closes it again within ProbeEvery of Redis coming back.
+// decision — until a background PING succeeds. A refused connection opens
+// it at once (nothing listens); other failures (timeouts, resets) open it
+// after tripAfter in a row, so that one stalled batch — a Redis fork, a
+// descheduled process — does not send every decision to the fallback. The
+// probe closes it within ProbeEvery of Redis coming back.
 type health struct {
-	c    *Client
-	clk  clock.Clock
-	down atomic.Bool
-	wake chan struct{}
+	c     *Client
+	clk   clock.Clock
+	down  atomic.Bool
+	fails atomic.Int32 // outage-class failures in a row
+	wake  chan struct{}
 
 	mu      sync.Mutex
 	since   time.Time
@@ -50,6 +53,25 @@ func (h *health) err() error {
 	return fmt.Errorf("redis unreachable since %s: %w", h.since.UTC().Format(time.RFC3339), h.cause)
 }
 
+// tripAfter is how many failures in a row (other than a refused
+// connection) open the breaker.
+const tripAfter = 3
+
+// failure records an outage-class error.
+func (h *health) failure(err error) {
+	var op *net.OpError
+	if errors.As(err, &op) && op.Op == "dial" || h.fails.Add(1) >= tripAfter {
+		h.trip(err)
+	}
+}
+
+// success records a call that Redis answered.
+func (h *health) success() {
+	if h.fails.Load() != 0 {
+		h.fails.Store(0)
+	}
+}
+
 // trip opens the breaker; only the first failure of an outage is logged.
 func (h *health) trip(cause error) {
 	h.mu.Lock()
@@ -58,6 +80,7 @@ func (h *health) trip(cause error) {
 		return
 	}
 	h.down.Store(true)
+	h.fails.Store(0)
 	h.since, h.cause = h.clk.Now(), cause
 	if h.c.m != nil {
 		h.c.m.BackendDegraded.Set(1)

@@ -249,3 +249,33 @@ type proto string
 
 func (p proto) Error() string { return string(p) }
 func (proto) RedisError()     {}
+
+// The breaker opens at once on a refused connection, after tripAfter
+// failures in a row otherwise; an answer in between starts the count over.
+func TestBreakerThreshold(t *testing.T) {
+	_, refused := net.Dial("tcp", "127.0.0.1:1")
+	timeout := &net.OpError{Op: "read", Net: "tcp", Err: context.DeadlineExceeded}
+	tests := []struct {
+		name  string
+		calls []error // nil: Redis answered
+		down  bool
+	}{
+		{"a refused connection", []error{refused}, true},
+		{"one timeout", []error{timeout}, false},
+		{"two timeouts", []error{timeout, timeout}, false},
+		{"three timeouts in a row", []error{timeout, timeout, timeout}, true},
+		{"an answer in between", []error{timeout, timeout, nil, timeout, timeout}, false},
+		{"a script error is no outage", []error{proto("ERR x"), proto("ERR x"), proto("ERR x")}, false},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			c := open(t, testenv.RedisURL(t), nil)
+			for _, err := range tc.calls {
+				c.observe("admit", time.Now(), err)
+			}
+			if c.Down() != tc.down {
+				t.Fatalf("down = %v, want %v", c.Down(), tc.down)
+			}
+		})
+	}
+}
