@@ -22,7 +22,10 @@ import (
 // newRedis returns a Redis counter on url under prefix, closed with the test.
 func newRedis(t *testing.T, url, prefix string, clk clock.Clock, m *metrics.Metrics, tweak ...func(*RedisConfig)) *Redis {
 	t.Helper()
-	cfg := RedisConfig{Config: redisx.Config{URL: url}, Prefix: prefix}
+	// Generous deadlines: exact counts must not depend on a busy machine
+	// never stalling 100 ms (outages here are stopped servers, refusing
+	// connections at once).
+	cfg := RedisConfig{Config: redisx.Config{URL: url, DialTimeout: 5 * time.Second, ReadTimeout: 5 * time.Second, WriteTimeout: 5 * time.Second}, Prefix: prefix}
 	for _, f := range tweak {
 		f(&cfg)
 	}

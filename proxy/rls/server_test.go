@@ -72,7 +72,10 @@ func newRig(t testing.TB, kind counterKind, yaml string) *rig {
 	var counter window.Counter = window.NewMemory(clk)
 	if kind == redisCounter {
 		url := testenv.RedisURL(t)
-		r, err := window.NewRedis(window.RedisConfig{Config: redisx.Config{URL: url}, Prefix: redistest.Prefix(t, url)}, clk, m, nil)
+		// Generous deadlines: exact counts must not depend on a busy
+		// machine never stalling 100 ms.
+		cfg := redisx.Config{URL: url, DialTimeout: 5 * time.Second, ReadTimeout: 5 * time.Second, WriteTimeout: 5 * time.Second}
+		r, err := window.NewRedis(window.RedisConfig{Config: cfg, Prefix: redistest.Prefix(t, url)}, clk, m, nil)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -23,6 +23,7 @@ import (
 	"os/exec"
 	"regexp"
 	"runtime"
+	"runtime/pprof"
 	"slices"
 	"strconv"
 	"strings"
@@ -56,6 +57,8 @@ type options struct {
 	child      string
 	prefix     string
 	backend    string
+	profile    string
+	senders    int
 }
 
 func main() {
@@ -70,6 +73,8 @@ func main() {
 	flag.StringVar(&o.child, "child", "", "internal: admit | baseline | rls")
 	flag.StringVar(&o.prefix, "prefix", "", "internal: Redis key prefix")
 	flag.StringVar(&o.backend, "backend", "redis", "internal: memory | redis (rls child)")
+	flag.IntVar(&o.senders, "senders", 0, "Redis batch senders per process (0: redisx default)")
+	flag.StringVar(&o.profile, "rls-cpuprofile", "", "write the RLS server's CPU profile to FILE.memory / FILE.redis")
 	flag.Parse()
 	log.SetFlags(0)
 	switch o.child {
@@ -201,7 +206,7 @@ func runAdmit(o options) result {
 // benchRedis is fail_closed, so that a decision the backend did not make
 // (an outage, a timeout) shows as an error rather than as a fast local one.
 func benchRedis(o options) window.RedisConfig {
-	return window.RedisConfig{Config: redisx.Config{URL: o.url, FailClosed: true}, Prefix: o.prefix}
+	return window.RedisConfig{Config: redisx.Config{URL: o.url, FailClosed: true, Senders: o.senders}, Prefix: o.prefix}
 }
 
 // runBaseline is what envoyproxy/ratelimit does per decision: one
@@ -260,6 +265,17 @@ func serveRLS(o options) {
 	if err := srv.Apply(context.Background(), governor.New(clk, m, counter).Apply(p)); err != nil {
 		log.Fatal(err)
 	}
+	if o.profile != "" {
+		f, err := os.Create(o.profile + "." + o.backend)
+		if err != nil {
+			log.Fatal(err)
+		}
+		defer f.Close()
+		if err := pprof.StartCPUProfile(f); err != nil {
+			log.Fatal(err)
+		}
+		defer pprof.StopCPUProfile()
+	}
 	fmt.Println("ADDR", srv.Addr())
 	// Each line on stdin asks for this process's CPU time; EOF stops it.
 	sc := bufio.NewScanner(os.Stdin)
@@ -304,7 +320,7 @@ func child(o options, args ...string) *exec.Cmd {
 		log.Fatal(err)
 	}
 	base := []string{"-redis", o.url, "-duration", o.duration.String(), "-callers", strconv.Itoa(o.callers),
-		"-keys", strconv.Itoa(o.keys), "-prefix", o.prefix}
+		"-keys", strconv.Itoa(o.keys), "-prefix", o.prefix, "-senders", strconv.Itoa(o.senders)}
 	cmd := exec.Command(self, append(base, args...)...)
 	cmd.Stderr = os.Stderr
 	return cmd
@@ -333,7 +349,7 @@ func children(o options, n int, kind string) []result {
 
 // withRLS starts an RLS child on backend and runs the load against it.
 func withRLS(o options, backend string) result {
-	cmd := child(o, "-child", "rls", "-backend", backend)
+	cmd := child(o, "-child", "rls", "-backend", backend, "-rls-cpuprofile", o.profile)
 	stdin, err := cmd.StdinPipe()
 	if err != nil {
 		log.Fatal(err)

@@ -35,6 +35,10 @@ type Options struct {
 	// (window.DefaultRedisPrefix when empty). Sidecars share windows when
 	// they share a Redis and a prefix; tests use a prefix of their own.
 	BackendPrefix string
+	// BackendTimeout, when set, replaces the short dial/read/write
+	// deadlines of Redis calls (redisx defaults): tests that count exactly
+	// on a busy machine use it so a stall is not taken for an outage.
+	BackendTimeout time.Duration
 }
 
 // Component is a part of warden that a policy section turns on: a listener,
@@ -91,7 +95,7 @@ func New(opts Options) (*App, error) {
 		holder:  policy.NewHolder(p),
 		started: make(chan struct{}),
 	}
-	be, err := newBackend(p.Backend, opts.BackendPrefix, a.clk, a.metrics, a.log)
+	be, err := newBackend(p.Backend, opts.BackendPrefix, opts.BackendTimeout, a.clk, a.metrics, a.log)
 	if err != nil {
 		return nil, err
 	}

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"sync"
+	"time"
 
 	"github.com/warden-dev/warden/governor"
 	"github.com/warden-dev/warden/governor/backend/redisx"
@@ -25,17 +26,18 @@ import (
 // windows. A process started with kind memory cannot switch to redis
 // without a restart: its controls were built on the in-process counter.
 type backend struct {
-	log    *slog.Logger
-	prefix string
-	mem    *window.Memory // kind memory at start
-	red    *window.Redis  // kind redis at start
+	log     *slog.Logger
+	prefix  string
+	timeout time.Duration
+	mem     *window.Memory // kind memory at start
+	red     *window.Redis  // kind redis at start
 
 	mu  sync.Mutex
 	cur policy.Backend
 }
 
-func newBackend(b policy.Backend, prefix string, clk clock.Clock, m *metrics.Metrics, log *slog.Logger) (*backend, error) {
-	be := &backend{log: log, prefix: prefix, cur: b}
+func newBackend(b policy.Backend, prefix string, timeout time.Duration, clk clock.Clock, m *metrics.Metrics, log *slog.Logger) (*backend, error) {
+	be := &backend{log: log, prefix: prefix, timeout: timeout, cur: b}
 	if b.Kind != "redis" {
 		be.mem = window.NewMemory(clk)
 		return be, nil
@@ -50,7 +52,8 @@ func newBackend(b policy.Backend, prefix string, clk clock.Clock, m *metrics.Met
 
 func (b *backend) redisConfig(p policy.Backend) window.RedisConfig {
 	return window.RedisConfig{
-		Config: redisx.Config{URL: p.URL, FailClosed: p.OnError == "fail_closed"},
+		Config: redisx.Config{URL: p.URL, FailClosed: p.OnError == "fail_closed",
+			DialTimeout: b.timeout, ReadTimeout: b.timeout, WriteTimeout: b.timeout},
 		Prefix: b.prefix,
 	}
 }

@@ -23,6 +23,11 @@ import (
 	"github.com/warden-dev/warden/proxy/rls"
 )
 
+// testTimeout bounds Redis calls in these tests: exact counts must not
+// depend on a busy CI machine never stalling 100 ms (an outage here is a
+// stopped server, which refuses connections at once).
+const testTimeout = 5 * time.Second
+
 // instance is one in-process warden, running until the test ends.
 type instance struct {
 	*App
@@ -36,7 +41,7 @@ func startApp(t *testing.T, policyBody, prefix string, clk clock.Clock) *instanc
 	file := filepath.Join(t.TempDir(), "p.yaml")
 	writePolicy(t, file, policyBody)
 	a, err := New(Options{PolicyFile: file, Log: slog.New(slog.NewTextHandler(io.Discard, nil)), NoWatch: true,
-		BackendPrefix: prefix, Clock: clk})
+		BackendPrefix: prefix, Clock: clk, BackendTimeout: testTimeout})
 	if err != nil {
 		t.Fatal(err)
 	}
