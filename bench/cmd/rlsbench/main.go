@@ -36,6 +36,7 @@ import (
 	"github.com/redis/go-redis/v9"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/warden-dev/warden/governor"
 	"github.com/warden-dev/warden/governor/backend/redisx"
@@ -285,9 +286,36 @@ func serveRLS(o options) {
 	_ = srv.Shutdown(context.Background())
 }
 
-// rlsLoad drives an RLS at addr with callers over conns connections; cpu
-// reads the server's CPU time.
-func rlsLoad(o options, addr string, cpu func() float64) result {
+// rlsLoad drives an RLS at addr with callers over conns connections, using
+// grpc-go's client or the lean HTTP/2 one (h2load.go); cpu reads the
+// server's CPU time.
+func rlsLoad(o options, addr, client string, cpu func() float64) result {
+	reqs := make([]*rlspb.RateLimitRequest, o.keys)
+	wire := make([][]byte, o.keys)
+	for i := range reqs {
+		reqs[i] = &rlspb.RateLimitRequest{Domain: "bench", Descriptors: []*commonpb.RateLimitDescriptor{
+			{Entries: []*commonpb.RateLimitDescriptor_Entry{{Key: "tenant", Value: "tenant-" + strconv.Itoa(i)}}},
+		}}
+		b, err := proto.Marshal(reqs[i])
+		if err != nil {
+			log.Fatal(err)
+		}
+		wire[i] = b
+	}
+	if client == "h2" {
+		var conns []*h2client
+		for range o.rlsConns {
+			c, err := dialH2(addr)
+			if err != nil {
+				log.Fatal(err)
+			}
+			defer c.close()
+			conns = append(conns, c)
+		}
+		return load(o.rlsCallers, o.duration, cpu, func(w, i int) error {
+			return conns[w%len(conns)].call(wire[(w*7919+i)%len(wire)])
+		})
+	}
 	var clients []rlspb.RateLimitServiceClient
 	for range o.rlsConns {
 		conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
@@ -296,12 +324,6 @@ func rlsLoad(o options, addr string, cpu func() float64) result {
 		}
 		defer conn.Close()
 		clients = append(clients, rlspb.NewRateLimitServiceClient(conn))
-	}
-	reqs := make([]*rlspb.RateLimitRequest, o.keys)
-	for i := range reqs {
-		reqs[i] = &rlspb.RateLimitRequest{Domain: "bench", Descriptors: []*commonpb.RateLimitDescriptor{
-			{Entries: []*commonpb.RateLimitDescriptor_Entry{{Key: "tenant", Value: "tenant-" + strconv.Itoa(i)}}},
-		}}
 	}
 	ctx := context.Background()
 	return load(o.rlsCallers, o.duration, cpu, func(w, i int) error {
@@ -348,7 +370,7 @@ func children(o options, n int, kind string) []result {
 }
 
 // withRLS starts an RLS child on backend and runs the load against it.
-func withRLS(o options, backend string) result {
+func withRLS(o options, backend, client string) result {
 	cmd := child(o, "-child", "rls", "-backend", backend, "-rls-cpuprofile", o.profile)
 	stdin, err := cmd.StdinPipe()
 	if err != nil {
@@ -379,7 +401,7 @@ func withRLS(o options, backend string) result {
 		v, _ := strconv.ParseFloat(strings.TrimSpace(strings.TrimPrefix(line, "CPU ")), 64)
 		return v
 	}
-	r := rlsLoad(o, addr, cpu)
+	r := rlsLoad(o, addr, client, cpu)
 	stdin.Close()
 	if err := cmd.Wait(); err != nil {
 		log.Printf("rls child: %v", err)
@@ -443,14 +465,16 @@ func parent(o options) {
 			sum.P99 = max(sum.P99, r.P99)
 			sum.CPU += r.CPU
 		}
-		mem := withRLS(o, "memory")
-		red := withRLS(o, "redis")
+		mem := withRLS(o, "memory", "h2")
+		red := withRLS(o, "redis", "h2")
+		redGo := withRLS(o, "redis", "grpc")
 		rows := []row{
 			{"shared admissions (Take via Redis)", 1, one, 50000, 2},
 			{"  baseline: INCRBY+EXPIRE per decision", 1, base, 0, 0},
 			{"shared admissions, 3 sidecars (sum)", 3, sum, 0, 0},
 			{"RLS ShouldRateLimit, memory windows", 1, mem, 0, 0},
 			{"RLS ShouldRateLimit, Redis windows", 1, red, 30000, 0},
+			{"  same, grpc-go client as load generator", 1, redGo, 0, 0},
 		}
 		fmt.Printf("round %d — ceiling: redis-benchmark -t incr -q = %.0f INCR/s (50 clients, one command per round trip)\n", round, ceil)
 		fmt.Printf("%-40s %5s %12s %8s %8s %7s %10s %9s  %s\n", "path", "procs", "decisions/s", "p50 ms", "p99 ms", "errors", "CPU µs/dec", "vs INCR", "goal")
@@ -489,6 +513,8 @@ func parent(o options) {
 	fmt.Println("successful decisions only; errors are decisions the backend did not make (fail_closed: a timeout or an")
 	fmt.Println("open breaker). CPU µs/dec is the deciding process's CPU time per decision (the RLS server's for RLS rows;")
 	fmt.Println("Redis's and the load generator's time are not in it): it holds on a busy machine where decisions/s does not.")
+	fmt.Println("RLS load: a lean HTTP/2 gRPC client (raw frames, like Envoy's C++ client) unless the row says grpc-go; the")
+	fmt.Println("load generator runs on the same cores as the server and Redis.")
 	if failed {
 		os.Exit(1)
 	}
