@@ -16,7 +16,11 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"go.uber.org/goleak"
 )
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
 func TestValidate(t *testing.T) {
 	dir := t.TempDir()
