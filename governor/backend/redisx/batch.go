@@ -46,6 +46,9 @@ func (c *Client) Admit(op *Op) error {
 	return op.err
 }
 
+// lingerRounds bounds the scheduling rounds a batch waits for more ops.
+const lingerRounds = 4
+
 func (b *batcher) sender() {
 	defer b.c.wg.Done()
 	var (
@@ -60,15 +63,21 @@ func (b *batcher) sender() {
 			return
 		}
 		batch = b.fill(batch)
-		if len(batch) < b.c.cfg.MaxBatch {
-			// Let the goroutines that are runnable right now — requests
-			// about to decide — queue their admissions before this batch
-			// leaves: one scheduling round, no timer. An idle process
-			// returns at once; a busy one sends far fewer, larger batches,
-			// and on a VM every round trip's syscalls cost more than the
-			// admissions in it.
+		// Let the goroutines that are runnable right now — requests about
+		// to decide — queue their admissions before this batch leaves:
+		// scheduling rounds, no timer, for as long as each round brings
+		// more (at most lingerRounds). An idle process sends at once; a
+		// busy one sends far fewer, larger batches, and on a VM every
+		// round trip's syscalls cost more than the admissions in it.
+		for range lingerRounds {
+			if len(batch) >= b.c.cfg.MaxBatch {
+				break
+			}
+			n := len(batch)
 			runtime.Gosched()
-			batch = b.fill(batch)
+			if batch = b.fill(batch); len(batch) == n {
+				break
+			}
 		}
 		args = b.send(batch, args)
 		clear(batch)
