@@ -101,10 +101,10 @@ func (s *Server) Apply(ctx context.Context, c *governor.Controls) error {
 }
 
 // streamWorkers is how many goroutines serve calls. Each call waits for
-// its window decision (a Redis round trip with a shared backend), so there
-// are many more than cores; reused workers keep their grown stacks, where a
-// goroutine per call would grow a fresh one every time.
-const streamWorkers = 64
+// its window decision (a Redis round trip with a shared backend), so
+// workers must outnumber the calls in flight: when none is free, grpc-go
+// starts a goroutine per call, which grows a fresh stack every time.
+const streamWorkers = 256
 
 func (s *Server) newGRPC() *grpc.Server {
 	srv := grpc.NewServer(grpc.NumStreamWorkers(streamWorkers))

@@ -60,6 +60,7 @@ type options struct {
 	backend    string
 	profile    string
 	senders    int
+	only       string
 }
 
 func main() {
@@ -74,6 +75,7 @@ func main() {
 	flag.StringVar(&o.child, "child", "", "internal: admit | baseline | rls")
 	flag.StringVar(&o.prefix, "prefix", "", "internal: Redis key prefix")
 	flag.StringVar(&o.backend, "backend", "redis", "internal: memory | redis (rls child)")
+	flag.StringVar(&o.only, "only", "", "run only the admission rows (admit) or the RLS rows (rls)")
 	flag.IntVar(&o.senders, "senders", 0, "Redis batch senders per process (0: redisx default)")
 	flag.StringVar(&o.profile, "rls-cpuprofile", "", "write the RLS server's CPU profile to FILE.memory / FILE.redis")
 	flag.Parse()
@@ -454,27 +456,32 @@ func parent(o options) {
 		if err != nil {
 			log.Fatal(err)
 		}
-		one := children(o, 1, "admit")[0]
-		base := children(o, 1, "baseline")[0]
-		three := children(o, 3, "admit")
-		sum := result{Seconds: o.duration.Seconds()}
-		for _, r := range three {
-			sum.Ops += r.Ops
-			sum.Errors += r.Errors
-			sum.P50 = max(sum.P50, r.P50)
-			sum.P99 = max(sum.P99, r.P99)
-			sum.CPU += r.CPU
+		var rows []row
+		if o.only != "rls" {
+			one := children(o, 1, "admit")[0]
+			base := children(o, 1, "baseline")[0]
+			three := children(o, 3, "admit")
+			sum := result{Seconds: o.duration.Seconds()}
+			for _, r := range three {
+				sum.Ops += r.Ops
+				sum.Errors += r.Errors
+				sum.P50 = max(sum.P50, r.P50)
+				sum.P99 = max(sum.P99, r.P99)
+				sum.CPU += r.CPU
+			}
+			rows = append(rows,
+				row{"shared admissions (Take via Redis)", 1, one, 50000, 2},
+				row{"  baseline: INCRBY+EXPIRE per decision", 1, base, 0, 0},
+				row{"shared admissions, 3 sidecars (sum)", 3, sum, 0, 0})
 		}
-		mem := withRLS(o, "memory", "h2")
-		red := withRLS(o, "redis", "h2")
-		redGo := withRLS(o, "redis", "grpc")
-		rows := []row{
-			{"shared admissions (Take via Redis)", 1, one, 50000, 2},
-			{"  baseline: INCRBY+EXPIRE per decision", 1, base, 0, 0},
-			{"shared admissions, 3 sidecars (sum)", 3, sum, 0, 0},
-			{"RLS ShouldRateLimit, memory windows", 1, mem, 0, 0},
-			{"RLS ShouldRateLimit, Redis windows", 1, red, 30000, 0},
-			{"  same, grpc-go client as load generator", 1, redGo, 0, 0},
+		if o.only != "admit" {
+			mem := withRLS(o, "memory", "h2")
+			red := withRLS(o, "redis", "h2")
+			redGo := withRLS(o, "redis", "grpc")
+			rows = append(rows,
+				row{"RLS ShouldRateLimit, memory windows", 1, mem, 0, 0},
+				row{"RLS ShouldRateLimit, Redis windows", 1, red, 30000, 0},
+				row{"  same, grpc-go client as load generator", 1, redGo, 0, 0})
 		}
 		fmt.Printf("round %d — ceiling: redis-benchmark -t incr -q = %.0f INCR/s (50 clients, one command per round trip)\n", round, ceil)
 		fmt.Printf("%-40s %5s %12s %8s %8s %7s %10s %9s  %s\n", "path", "procs", "decisions/s", "p50 ms", "p99 ms", "errors", "CPU µs/dec", "vs INCR", "goal")
