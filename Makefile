@@ -4,7 +4,7 @@ POLICY   ?= policies.example.yaml
 DATA_DIR ?= ./data
 FUZZTIME ?= 10s
 # Packages with fuzz targets and the targets to run briefly on every test run.
-FUZZ     := ./policy:FuzzParse ./governor/bridge:FuzzParseStartup ./governor/bridge:FuzzScanners
+FUZZ     := ./policy:FuzzParse ./governor/bridge:FuzzParseStartup ./governor/bridge:FuzzScanners ./proxy/rls:FuzzShouldRateLimit
 
 .PHONY: run build test test-unit fuzz lint vet fmt-check bench-limits bench-proxy bench-scheduler bench-bridge bench-rls clean
 
@@ -50,6 +50,15 @@ bench-bridge:
 	@mkdir -p bench/out
 	$(GO) test -run='^$$' -bench=RoundTrip -benchmem -cpu=1,2 -count=1 ./governor/bridge/ | tee bench/out/bridge-go.txt
 	$(GO) run ./bench/cmd/benchbridge | tee bench/out/bridge.txt
+
+# Shared windows through Redis and the Envoy RLS (needs redis-server and
+# redis-benchmark: apt-get install redis-server redis-tools). REDIS_URL
+# picks the server; BENCH_FLAGS passes e.g. -duration 10s -rounds 3.
+REDIS_URL ?= redis://127.0.0.1:6379/0
+bench-rls:
+	@mkdir -p bench/out
+	$(GO) build -o bench/out/rlsbench ./bench/cmd/rlsbench
+	bench/out/rlsbench -redis $(REDIS_URL) $(BENCH_FLAGS) | tee bench/out/rls.txt
 
 clean:
 	rm -rf bin bench/out

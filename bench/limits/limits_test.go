@@ -1,7 +1,8 @@
 // Package limits benchmarks the decision cost of warden's controls side by
 // side with the libraries a Go user would reach for instead:
-// golang.org/x/time/rate and github.com/sony/gobreaker/v2. `make
-// bench-limits` runs them at GOMAXPROCS 1 and 2 and prints the ratios.
+// golang.org/x/time/rate and github.com/sony/gobreaker/v2, and the shared
+// (Redis) window beside envoyproxy/ratelimit's per-decision round trip.
+// `make bench-limits` runs them at GOMAXPROCS 1 and 2 and prints the ratios.
 //
 // Every warden path is given the request's arrival time the way the data
 // plane does (one clock read per request, shared by all controls), refreshed
@@ -9,19 +10,26 @@
 package limits
 
 import (
+	"context"
 	"errors"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/redis/go-redis/v9"
 
 	"github.com/sony/gobreaker/v2"
 	"golang.org/x/time/rate"
 
+	"github.com/warden-dev/warden/governor/backend/redisx"
+	"github.com/warden-dev/warden/governor/backend/redisx/redistest"
 	"github.com/warden-dev/warden/governor/breaker"
 	"github.com/warden-dev/warden/governor/clock"
 	"github.com/warden-dev/warden/governor/tenant"
 	"github.com/warden-dev/warden/governor/window"
+	"github.com/warden-dev/warden/internal/testenv"
 	"github.com/warden-dev/warden/policy"
 )
 
@@ -150,3 +158,75 @@ func BenchmarkGobreakerExecute(b *testing.B) {
 		}
 	})
 }
+
+// The shared path: window takes through Redis (backend.kind: redis) from
+// many concurrent callers, as a busy sidecar makes them. ns/op is wall time
+// per decision across all callers (1e9/ns = decisions per second). Every
+// take is admitted (the limit is out of reach), so none is answered from
+// the local over-limit cache.
+func BenchmarkWardenRedisTake(b *testing.B) {
+	url := testenv.RedisURL(b)
+	r, err := window.NewRedis(window.RedisConfig{Config: redisx.Config{URL: url, FailClosed: true},
+		Prefix: redistest.Prefix(b, url)}, clock.Real{}, nil, nil)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer r.Close()
+	s := window.NewScope("tenant:ingress", 3600)
+	keys := tenants(1000)
+	var refused atomic.Int64
+	b.SetParallelism(sharedCallers)
+	b.ReportAllocs()
+	b.ResetTimer()
+	b.RunParallel(func(pb *testing.PB) {
+		now, i := time.Now(), int(time.Now().UnixNano()%1000)
+		for pb.Next() {
+			if i&1023 == 0 {
+				now = time.Now()
+			}
+			if !r.Take(s, keys[i%len(keys)], unlimited, 1, now).Allowed {
+				refused.Add(1)
+			}
+			i++
+		}
+	})
+	if n := refused.Load(); n > 0 {
+		b.Fatalf("%d takes refused (backend errors): the figure would not be Redis's", n)
+	}
+}
+
+// What envoyproxy/ratelimit does per decision: one round trip carrying a
+// pipelined INCRBY and EXPIRE, with the same callers and no batching
+// across them.
+func BenchmarkRedisIncrExpirePerDecision(b *testing.B) {
+	url := testenv.RedisURL(b)
+	prefix := redistest.Prefix(b, url)
+	rdb := redistest.Client(b, url)
+	keys := make([]string, 1000)
+	for i := range keys {
+		keys[i] = prefix + strconv.Itoa(i)
+	}
+	ctx := context.Background()
+	b.SetParallelism(sharedCallers)
+	b.ReportAllocs()
+	b.ResetTimer()
+	b.RunParallel(func(pb *testing.PB) {
+		i := int(time.Now().UnixNano() % 1000)
+		for pb.Next() {
+			k := keys[i%len(keys)]
+			if _, err := rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+				p.IncrBy(ctx, k, 1)
+				p.Expire(ctx, k, time.Hour)
+				return nil
+			}); err != nil {
+				b.Error(err)
+				return
+			}
+			i++
+		}
+	})
+}
+
+// sharedCallers is the concurrent callers per GOMAXPROCS of the shared
+// path's benchmarks.
+const sharedCallers = 64

@@ -24,6 +24,9 @@ const (
 	ControlRate        = "pool_rate"
 	ControlConcurrency = "pool_concurrency"
 	ControlQueue       = "pool_queue"
+	// ControlUpstream: the shared backend holding the pool's window is
+	// down and backend.on_error is fail_closed (SPEC §9).
+	ControlUpstream = "upstream"
 )
 
 // Rejection says why a pool refused and when trying again makes sense.
@@ -122,9 +125,15 @@ func (l *Lease) WindowStart() time.Time { return l.start }
 func (p *Pool) Acquire(ctx context.Context, priority int, now time.Time) (Lease, error) {
 	p.mu.Lock()
 	if len(p.waiters) == 0 {
-		if l, _, ok := p.tryLocked(now); ok {
+		l, control, ok := p.tryLocked(now)
+		if ok {
 			p.mu.Unlock()
 			return l, nil
+		}
+		if control == ControlUpstream {
+			// Waiting cannot help while the backend is down.
+			p.mu.Unlock()
+			return Lease{}, &Rejection{Pool: p.id, Control: ControlUpstream, RetryAfter: time.Second}
 		}
 	}
 	if p.cfg.Queue <= 0 || len(p.waiters) >= p.cfg.Queue {
@@ -201,10 +210,13 @@ func (p *Pool) tryLocked(now time.Time) (Lease, string, bool) {
 	l := Lease{p: p}
 	if p.cfg.Rate > 0 {
 		d := p.counter.Take(p.scope, p.key, int64(p.cfg.Rate), 1, now)
-		if p.gCount != nil {
+		if p.gCount != nil && !d.Unavailable {
 			p.gCount.Set(float64(d.Count))
 		}
 		if !d.Allowed {
+			if d.Unavailable {
+				return Lease{}, ControlUpstream, false
+			}
 			return Lease{}, ControlRate, false
 		}
 		l.rated, l.start, l.windowEnd = true, d.Start(), d.End()

@@ -11,6 +11,7 @@ import (
 
 	"go.uber.org/goleak"
 
+	"github.com/warden-dev/warden/governor/backend/redisx"
 	"github.com/warden-dev/warden/governor/clock"
 	"github.com/warden-dev/warden/governor/window"
 	"github.com/warden-dev/warden/policy"
@@ -348,5 +349,30 @@ func BenchmarkAcquireRelease(b *testing.B) {
 			b.Fatal(err)
 		}
 		l.Release()
+	}
+}
+
+// With the shared backend down and on_error fail_closed, the pool refuses
+// at once with control upstream instead of queuing for a rate slot that no
+// backend can grant.
+func TestBackendDownFailClosedRefusesUpstream(t *testing.T) {
+	clk := clock.NewFake(t0)
+	// Nothing listens on port 1: the counter starts with its breaker open.
+	down, err := window.NewRedis(window.RedisConfig{Config: redisx.Config{URL: "redis://127.0.0.1:1/0", FailClosed: true}}, clk, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer down.Close()
+	s := NewSet([]policy.Pool{{Name: "p", Concurrency: 2, Rate: 10, Window: 60, Queue: 10, MaxWait: time.Minute}}, down, clk, nil)
+	p := s.ByID("p")
+	_, err = p.Acquire(context.Background(), 0, clk.Now())
+	if r := rejection(t, err); r.Control != ControlUpstream || r.RetryAfter != time.Second {
+		t.Fatalf("rejection %+v, want control %s", r, ControlUpstream)
+	}
+	if _, control, ok := p.TryAcquire(clk.Now()); ok || control != ControlUpstream {
+		t.Fatalf("TryAcquire: ok=%v control=%q", ok, control)
+	}
+	if snap := p.Snapshot(clk.Now()); snap.InFlight != 0 || snap.Queued != 0 {
+		t.Fatalf("refusals held state: %+v", snap)
 	}
 }

@@ -15,6 +15,10 @@ import (
 // Control is the control name tenant caps report.
 const Control = "tenant_rate"
 
+// ControlUpstream is reported instead when the shared backend is down and
+// backend.on_error is fail_closed (SPEC §9): the cap was not consulted.
+const ControlUpstream = "upstream"
+
 // Caps is one listener's tenant caps. It is built per policy and read-only
 // afterwards; counts live in the shared window.Counter so they survive reloads.
 type Caps struct {
@@ -87,9 +91,22 @@ func (c *Caps) Check(tenant []byte, now time.Time) Result {
 	return Result{Decision: d, Tenant: tenant, Window: l.scope.Window}
 }
 
+// Control names what refused the request: tenant_rate, or upstream when
+// the shared backend was unreachable (Decision.Unavailable).
+func (r Result) Control() string {
+	if r.Unavailable {
+		return ControlUpstream
+	}
+	return Control
+}
+
 // RetryAfter is the whole number of seconds, at least 1, until the tenant's
-// window ends.
+// window ends; 1 when the backend was unreachable (an outage has no known
+// end, and the window's end would be a wrong promise).
 func (r Result) RetryAfter(now time.Time) int {
+	if r.Unavailable {
+		return 1
+	}
 	d := r.ResetIn(now)
 	secs := int((d + time.Second - 1) / time.Second)
 	if secs < 1 {
@@ -104,7 +121,17 @@ func (r Result) Quota() string { return "tenant:" + string(r.Tenant) }
 // AppendBody appends the JSON body of SPEC §4's tenant 429 to dst:
 // {"control":"tenant_rate","quota":"tenant:acme","limit":500,"current":501,"retryAfterSeconds":1}.
 // current counts the refused request, which the window itself never does.
+// When the backend was unreachable (fail_closed) the count is unknown:
+// {"control":"upstream","quota":"tenant:acme","limit":500,"retryAfterSeconds":1}.
 func (r Result) AppendBody(dst []byte, now time.Time) []byte {
+	if r.Unavailable {
+		dst = append(dst, `{"control":"`+ControlUpstream+`","quota":`...)
+		dst = strconv.AppendQuote(dst, r.Quota())
+		dst = append(dst, `,"limit":`...)
+		dst = strconv.AppendInt(dst, r.Limit, 10)
+		dst = append(dst, `,"retryAfterSeconds":1}`...)
+		return dst
+	}
 	dst = append(dst, `{"control":"`+Control+`","quota":`...)
 	dst = strconv.AppendQuote(dst, r.Quota())
 	dst = append(dst, `,"limit":`...)

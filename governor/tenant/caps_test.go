@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/warden-dev/warden/governor/backend/redisx"
 	"github.com/warden-dev/warden/governor/clock"
 	"github.com/warden-dev/warden/governor/window"
 	"github.com/warden-dev/warden/policy"
@@ -170,4 +171,27 @@ func BenchmarkCheck100kTenantsParallel(b *testing.B) {
 			i += 7
 		}
 	})
+}
+
+// A fail_closed backend outage is reported as control upstream, with a
+// one-second retry hint rather than the window's end.
+func TestBackendDownReportsUpstream(t *testing.T) {
+	clk := clock.NewFake(t0)
+	down, err := window.NewRedis(window.RedisConfig{Config: redisx.Config{URL: "redis://127.0.0.1:1/0", FailClosed: true}}, clk, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer down.Close()
+	c := New("ingress", &policy.TenantCap{Header: "x-tenant-id", Rate: 500, Window: 60}, nil, down)
+	r := c.Check([]byte("acme"), clk.Now())
+	if r.Allowed || r.Control() != ControlUpstream || r.RetryAfter(clk.Now()) != 1 {
+		t.Fatalf("result %+v control %q retry %d", r, r.Control(), r.RetryAfter(clk.Now()))
+	}
+	want := `{"control":"upstream","quota":"tenant:acme","limit":500,"retryAfterSeconds":1}`
+	if got := string(r.AppendBody(nil, clk.Now())); got != want {
+		t.Fatalf("body %s, want %s", got, want)
+	}
+	if ok := New("ingress", &policy.TenantCap{Header: "x-tenant-id", Rate: 500, Window: 60}, nil, window.NewMemory(clk)).Check([]byte("acme"), clk.Now()); ok.Control() != Control {
+		t.Fatalf("memory control %q", ok.Control())
+	}
 }

@@ -1,6 +1,7 @@
 package window
 
 import (
+	"sync/atomic"
 	"time"
 
 	"github.com/warden-dev/warden/policy"
@@ -13,6 +14,8 @@ type Scope struct {
 	Name   string
 	Window policy.Window
 	hash   uint64
+	// redis caches the Redis key parts of the scope's current window.
+	redis atomic.Pointer[redisKeys]
 }
 
 // NewScope returns the scope name with windows of size w.
@@ -23,7 +26,12 @@ func NewScope(name string, w policy.Window) *Scope {
 // Decision is the outcome of one Take.
 type Decision struct {
 	Allowed bool
-	Limit   int64
+	// Unavailable marks a refusal made without consulting the limit: the
+	// shared backend is down and backend.on_error is fail_closed. Callers
+	// report it with control "upstream", not as their rate control.
+	// Allowed is false whenever Unavailable is true.
+	Unavailable bool
+	Limit       int64
 	// Count is the window's count after the call: it includes this take when
 	// allowed and excludes it when refused (refused calls never count).
 	Count int64
@@ -80,4 +88,19 @@ type Counter interface {
 	ResetScope(s *Scope)
 	// Usage lists the live windows of the scope.
 	Usage(s *Scope) []Usage
+	// TakeAll takes from every window of ws at now, or from none: all
+	// admit only when each window has room for its N. out (len(ws) long)
+	// gets one decision per window: Allowed says whether that window alone
+	// had room, Count includes this take only when all admitted. The
+	// windows must be distinct (no scope and key twice). It reports
+	// whether all admitted.
+	TakeAll(ws []Want, now time.Time, out []Decision) bool
+}
+
+// Want is one window of a TakeAll.
+type Want struct {
+	Scope *Scope
+	Key   []byte
+	Limit int64
+	N     int64
 }

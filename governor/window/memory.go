@@ -2,7 +2,6 @@ package window
 
 import (
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/cespare/xxhash/v2"
@@ -25,9 +24,7 @@ const shardCount = 64 // a power of two; enough to keep two cores off each other
 type Memory struct {
 	clk    clock.Clock
 	shards [shardCount]shard
-	// bounds caches the current window per size so that a new key does not
-	// redo calendar arithmetic; index by sizeIndex.
-	bounds [4]atomic.Pointer[span]
+	spans  spans
 }
 
 type shard struct {
@@ -57,9 +54,6 @@ type meta struct {
 	key   string
 }
 
-// span is a cached window, in unix nanoseconds, with its end in seconds.
-type span struct{ start, end, endSec int64 }
-
 const initialSlots = 16
 
 // NewMemory returns an empty in-memory counter reading time from clk.
@@ -69,19 +63,6 @@ func NewMemory(clk clock.Clock) *Memory {
 		m.shards[i].init(initialSlots)
 	}
 	return m
-}
-
-func sizeIndex(w policy.Window) int {
-	switch w {
-	case policy.WindowSecond:
-		return 0
-	case policy.WindowMinute:
-		return 1
-	case policy.WindowHour:
-		return 2
-	default:
-		return 3
-	}
 }
 
 func scopeHash(name string, w policy.Window) uint64 {
@@ -146,19 +127,6 @@ func (sh *shard) rehash(n int) {
 	}
 }
 
-// current returns the window of size w holding now.
-func (m *Memory) current(w policy.Window, now time.Time) *span {
-	n := now.UnixNano()
-	p := &m.bounds[sizeIndex(w)]
-	if sp := p.Load(); sp != nil && n >= sp.start && n < sp.end {
-		return sp
-	}
-	s, e := Bounds(now, w)
-	sp := &span{start: s.UnixNano(), end: e.UnixNano(), endSec: e.Unix()}
-	p.Store(sp)
-	return sp
-}
-
 func (m *Memory) lookup(s *Scope, key []byte) (*shard, uint64) {
 	h := keyHash(s, key)
 	return &m.shards[h&(shardCount-1)], h
@@ -166,7 +134,7 @@ func (m *Memory) lookup(s *Scope, key []byte) (*shard, uint64) {
 
 // Take implements Counter.
 func (m *Memory) Take(s *Scope, key []byte, limit, n int64, now time.Time) Decision {
-	cur := m.current(s.Window, now)
+	cur := m.spans.current(s.Window, now)
 	sh, h := m.lookup(s, key)
 	d := Decision{Limit: limit, start: cur.start, end: cur.end, loc: now.Location()}
 	sh.mu.Lock()
@@ -200,7 +168,7 @@ func (m *Memory) Take(s *Scope, key []byte, limit, n int64, now time.Time) Decis
 // Peek implements Counter.
 func (m *Memory) Peek(s *Scope, key []byte, limit int64) Decision {
 	now := m.clk.Now()
-	cur := m.current(s.Window, now)
+	cur := m.spans.current(s.Window, now)
 	sh, h := m.lookup(s, key)
 	d := Decision{Limit: limit, start: cur.start, end: cur.end, loc: now.Location()}
 	sh.mu.Lock()

@@ -34,9 +34,12 @@ type PolicyStatus struct {
 // source serves an empty list: that part of warden is off. Each func is
 // called per request and must be safe for concurrent use.
 type Sources struct {
-	Ready  func() error // nil error: ready
-	Policy func() PolicyStatus
-	Reload func() error
+	Ready func() error // nil error: ready
+	// Degraded lists what serves in a degraded mode (a fail_open backend
+	// outage): /readyz stays 200 and names them in "degraded".
+	Degraded func() []string
+	Policy   func() PolicyStatus
+	Reload   func() error
 
 	Pools      func() any
 	ResetPool  func(id string) bool // false: no such pool
@@ -106,6 +109,12 @@ func (s *server) readyz(w http.ResponseWriter, r *http.Request) {
 	if s.cfg.Sources.Ready != nil {
 		if err := s.cfg.Sources.Ready(); err != nil {
 			writeError(w, http.StatusServiceUnavailable, err.Error())
+			return
+		}
+	}
+	if s.cfg.Sources.Degraded != nil {
+		if d := s.cfg.Sources.Degraded(); len(d) > 0 {
+			writeJSON(w, http.StatusOK, map[string]any{"status": "ready", "degraded": d})
 			return
 		}
 	}

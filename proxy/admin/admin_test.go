@@ -1,6 +1,7 @@
 package admin
 
 import (
+	"errors"
 	"io"
 	"log/slog"
 	"net/http"
@@ -68,5 +69,33 @@ func TestListsAreArraysAndGetsNeedNoToken(t *testing.T) {
 		if resp.StatusCode != 200 || strings.TrimSpace(string(b)) != "[]" {
 			t.Errorf("%s: %d %q, want 200 []", path, resp.StatusCode, b)
 		}
+	}
+}
+
+func TestReadyzReportsDegradedWithoutFailing(t *testing.T) {
+	degraded := []string{}
+	var notReady error
+	srv := httptest.NewServer(Handler(Config{Metrics: metrics.New(), Log: slog.New(slog.NewTextHandler(io.Discard, nil)),
+		Sources: Sources{Ready: func() error { return notReady }, Degraded: func() []string { return degraded }}}))
+	defer srv.Close()
+	get := func() (int, string) {
+		resp, err := http.Get(srv.URL + "/readyz")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, strings.TrimSpace(string(b))
+	}
+	if code, body := get(); code != 200 || strings.Contains(body, "degraded") {
+		t.Fatalf("healthy: %d %s", code, body)
+	}
+	degraded = []string{"backend: redis unreachable"}
+	if code, body := get(); code != 200 || !strings.Contains(body, `"degraded"`) || !strings.Contains(body, "redis unreachable") {
+		t.Fatalf("degraded: %d %s", code, body)
+	}
+	notReady = errors.New("backend: redis unreachable")
+	if code, _ := get(); code != 503 {
+		t.Fatalf("not ready: %d", code)
 	}
 }

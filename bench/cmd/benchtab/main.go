@@ -22,13 +22,17 @@ type pair struct {
 	label, warden, baseline string
 	maxNs                   float64 // 0: no absolute goal
 	minRatio                float64 // baseline ns / warden ns must reach this
+	allocs                  bool    // the path may allocate (a network call); else 0 allocs is a goal
 }
 
 var tables = map[string][]pair{
 	"limits": {
-		{"fixed-window admit", "WardenWindowAdmit", "XRateAllow", 60, 1.5},
-		{"tenant cap, 100k tenants", "WardenTenantCheck100k", "XRateTenantMap100k", 60, 1.5},
-		{"breaker allow+record", "WardenBreakerAllowDone", "GobreakerExecute", 60, 1.5},
+		{"fixed-window admit", "WardenWindowAdmit", "XRateAllow", 60, 1.5, false},
+		{"tenant cap, 100k tenants", "WardenTenantCheck100k", "XRateTenantMap100k", 60, 1.5, false},
+		{"breaker allow+record", "WardenBreakerAllowDone", "GobreakerExecute", 60, 1.5, false},
+		// ≤20000 ns per decision across 64 callers per proc = ≥50,000 shared
+		// admissions per second from one sidecar.
+		{"shared admit via Redis", "WardenRedisTake", "RedisIncrExpirePerDecision", 20000, 1.5, true},
 	},
 }
 
@@ -83,8 +87,10 @@ func main() {
 				goal = append(goal, fmt.Sprintf("≤%gns", row.maxNs))
 				met = met && w.nsPerOp <= row.maxNs
 			}
-			goal = append(goal, "0 allocs")
-			met = met && w.allocsPerOp == 0
+			if !row.allocs {
+				goal = append(goal, "0 allocs")
+				met = met && w.allocsPerOp == 0
+			}
 			if row.minRatio > 0 {
 				goal = append(goal, fmt.Sprintf("≥%.1f×", row.minRatio))
 				met = met && ratio >= row.minRatio
@@ -98,7 +104,8 @@ func main() {
 		}
 	}
 	fmt.Println("\nratio = baseline ns/op ÷ warden ns/op (higher is better for warden); procs = GOMAXPROCS.")
-	fmt.Println("baselines: golang.org/x/time/rate Limiter.Allow (per-tenant: a mutex-guarded map of limiters), sony/gobreaker/v2 Execute.")
+	fmt.Println("baselines: golang.org/x/time/rate Limiter.Allow (per-tenant: a mutex-guarded map of limiters), sony/gobreaker/v2 Execute,")
+	fmt.Println("and for the shared path a pipelined INCRBY+EXPIRE per decision (envoyproxy/ratelimit's round trip), both with 64 callers per proc.")
 	if failed {
 		os.Exit(1)
 	}

@@ -52,7 +52,8 @@ func (a *App) applyAdmin(p *policy.Policy) error {
 
 func (a *App) adminSources() admin.Sources {
 	return admin.Sources{
-		Ready: a.ready,
+		Ready:    a.ready,
+		Degraded: a.degraded,
 		Policy: func() admin.PolicyStatus {
 			p := a.holder.Load()
 			a.statusMu.Lock()
@@ -129,4 +130,17 @@ func (a *App) ready() error {
 		}
 	}
 	return nil
+}
+
+// degraded lists components serving in a degraded mode.
+func (a *App) degraded() []string {
+	var out []string
+	for _, comp := range a.components {
+		if d, ok := comp.(interface{ Degraded() error }); ok {
+			if err := d.Degraded(); err != nil {
+				out = append(out, comp.Name()+": "+err.Error())
+			}
+		}
+	}
+	return out
 }

@@ -18,7 +18,6 @@ import (
 	"github.com/warden-dev/warden/governor"
 	"github.com/warden-dev/warden/governor/clock"
 	"github.com/warden-dev/warden/governor/metrics"
-	"github.com/warden-dev/warden/governor/window"
 	"github.com/warden-dev/warden/policy"
 )
 
@@ -32,6 +31,14 @@ type Options struct {
 	// WatchFile turns on reloading when the policy file changes (on by
 	// default in New; tests may turn it off).
 	NoWatch bool
+	// BackendPrefix starts every key written to a Redis backend
+	// (window.DefaultRedisPrefix when empty). Sidecars share windows when
+	// they share a Redis and a prefix; tests use a prefix of their own.
+	BackendPrefix string
+	// BackendTimeout, when set, replaces the short dial/read/write
+	// deadlines of Redis calls (redisx defaults): tests that count exactly
+	// on a busy machine use it so a stall is not taken for an outage.
+	BackendTimeout time.Duration
 }
 
 // Component is a part of warden that a policy section turns on: a listener,
@@ -51,7 +58,7 @@ type App struct {
 	metrics *metrics.Metrics
 	holder  *policy.Holder
 	gov     *governor.Governor
-	counter *window.Memory
+	backend *backend
 
 	components []Component
 	started    chan struct{} // closed once every listener is bound
@@ -88,8 +95,12 @@ func New(opts Options) (*App, error) {
 		holder:  policy.NewHolder(p),
 		started: make(chan struct{}),
 	}
-	a.counter = window.NewMemory(a.clk)
-	a.gov = governor.New(a.clk, a.metrics, a.counter)
+	be, err := newBackend(p.Backend, opts.BackendPrefix, opts.BackendTimeout, a.clk, a.metrics, a.log)
+	if err != nil {
+		return nil, err
+	}
+	a.backend = be
+	a.gov = governor.New(a.clk, a.metrics, be.Counter())
 	a.logWarnings(p)
 	a.gov.Apply(p)
 	a.components = a.buildComponents()
@@ -149,7 +160,7 @@ func (a *App) Run(ctx context.Context, hup <-chan os.Signal) error {
 			a.log.Info("policy file changed: reloading")
 			_ = a.Reload()
 		case <-sweep.C():
-			if n := a.counter.Sweep(); n > 0 {
+			if n := a.backend.Sweep(); n > 0 {
 				a.log.Debug("expired windows dropped", "count", n)
 			}
 			sweep.Reset(sweepEvery)

@@ -24,13 +24,19 @@ func writePolicy(t *testing.T, path, body string) {
 
 func getBody(t *testing.T, url string) string {
 	t.Helper()
+	_, body := getStatus(t, url)
+	return body
+}
+
+func getStatus(t *testing.T, url string) (int, string) {
+	t.Helper()
 	resp, err := http.Get(url)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer resp.Body.Close()
 	b, _ := io.ReadAll(resp.Body)
-	return string(b)
+	return resp.StatusCode, string(b)
 }
 
 func TestReloadKeepsStateAndRejectsBadFiles(t *testing.T) {

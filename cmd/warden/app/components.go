@@ -1,6 +1,9 @@
 package app
 
-import "github.com/warden-dev/warden/governor/bridge"
+import (
+	"github.com/warden-dev/warden/governor/bridge"
+	"github.com/warden-dev/warden/proxy/rls"
+)
 
 // buildComponents lists, in start order, every component a policy can turn
 // on. Each is started by Apply when its section is present, reconfigured on
@@ -13,8 +16,11 @@ import "github.com/warden-dev/warden/governor/bridge"
 //	Bridges() any          // GET /v1/bridges
 //	Semaphores() any       // GET /v1/semaphores
 //	Queues() any           // GET /v1/queues
+//	Degraded() error       // /readyz body: serving, but degraded
 func (a *App) buildComponents() []Component {
 	return []Component{
+		a.backend, // first: every other component counts in its windows
+		rls.New(a.gov.Counter(), a.clk, a.metrics, a.log),
 		bridge.New(bridge.Options{
 			Clock: a.clk, Metrics: a.metrics, Log: a.log.With("component", "bridges"),
 			// Runs: the scheduler's bridge.RunTracker, once it lands; nil

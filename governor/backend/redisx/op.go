@@ -1,0 +1,86 @@
+package redisx
+
+import (
+	"sync"
+	"time"
+)
+
+// GateKind names a gate type of the Lua library.
+type GateKind byte
+
+// Gate kinds.
+const (
+	// GateWindow is a fixed-window counter: admits when count+n <= limit,
+	// commits by adding n (creating the key with its expiry the first time).
+	GateWindow GateKind = 'w'
+)
+
+// Gate is one check of an admission.
+type Gate struct {
+	Kind GateKind
+	// Window gate: the counter key, the key of the set indexing the
+	// window's keys, and the member listed in it (the caller's key).
+	Key, Index, Member string
+	Limit, N           int64
+	// TTLMillis is the expiry given to the counter (and index) when this
+	// gate creates it: the time left in the window.
+	TTLMillis int64
+}
+
+// Op is one admission: every gate admits and is committed, or none is. Ops
+// are pooled: GetOp, add gates, Client.Admit, read Result, PutOp.
+type Op struct {
+	gates     []Gate
+	checkOnly bool
+	res       []int64
+	err       error
+	done      chan struct{}
+}
+
+var opPool = sync.Pool{New: func() any { return &Op{done: make(chan struct{}, 1)} }}
+
+// GetOp returns an empty op.
+func GetOp() *Op { return opPool.Get().(*Op) }
+
+// PutOp recycles op; it must not be used afterwards.
+func PutOp(o *Op) {
+	clear(o.gates)
+	o.gates, o.res = o.gates[:0], o.res[:0]
+	o.checkOnly, o.err = false, nil
+	opPool.Put(o)
+}
+
+// AddWindow adds a window gate.
+func (o *Op) AddWindow(key, index, member string, limit, n int64, ttl time.Duration) {
+	ms := ttl.Milliseconds()
+	if ms < 1 {
+		ms = 1 // PX 0 is an error; the window is about to end anyway
+	}
+	o.gates = append(o.gates, Gate{Kind: GateWindow, Key: key, Index: index, Member: member, Limit: limit, N: n, TTLMillis: ms})
+}
+
+// CheckOnly makes the op read its gates without committing any: the caller
+// wants the current values of an admission it already knows is refused.
+func (o *Op) CheckOnly() { o.checkOnly = true }
+
+// Len is the number of gates.
+func (o *Op) Len() int { return len(o.gates) }
+
+// Result is gate i's outcome: whether it admits on its own, and its value
+// (a window's count, including this admission when every gate admitted and
+// the op was committed).
+func (o *Op) Result(i int) (value int64, ok bool) {
+	r := o.res[i]
+	return r >> 1, r&1 == 1
+}
+
+// Admitted reports whether every gate admitted (and so, unless CheckOnly,
+// was committed).
+func (o *Op) Admitted() bool {
+	for _, r := range o.res {
+		if r&1 == 0 {
+			return false
+		}
+	}
+	return true
+}

@@ -1,0 +1,255 @@
+package rls
+
+import (
+	"math"
+	"slices"
+	"strconv"
+	"sync"
+	"time"
+
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	rlspb "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	"github.com/warden-dev/warden/governor/window"
+)
+
+// Control names RLS refusals carry (SPEC §4). A domain's windows are
+// fixed-window caps per descriptor value — per caller, like tenant caps — so
+// their refusals are tenant_rate; a fail_closed backend outage is upstream.
+const (
+	ControlLimited  = "tenant_rate"
+	ControlUpstream = "upstream"
+)
+
+// Response header names (draft-ietf-httpapi-ratelimit-headers fields, as
+// envoyproxy/ratelimit's optional response headers) and warden's own.
+const (
+	HeaderLimit      = "RateLimit-Limit"
+	HeaderRemaining  = "RateLimit-Remaining"
+	HeaderReset      = "RateLimit-Reset"
+	HeaderRetryAfter = "Retry-After"
+	HeaderControl    = "x-warden-control"
+)
+
+// call is the scratch of one ShouldRateLimit, pooled.
+type call struct {
+	wants []window.Want
+	dec   []window.Decision
+	lims  []*limit
+	refs  []ref // which windows each descriptor matched
+}
+
+type ref struct{ desc, want int }
+
+var calls = sync.Pool{New: func() any { return new(call) }}
+
+func (c *call) reset() {
+	clear(c.wants)
+	clear(c.lims)
+	c.wants, c.dec, c.lims, c.refs = c.wants[:0], c.dec[:0], c.lims[:0], c.refs[:0]
+}
+
+// window returns the index of l's window for value, adding it with n hits;
+// a window matched twice in one request is counted once, with the larger n.
+func (c *call) window(l *limit, value string, n int64) int {
+	for j, w := range c.wants {
+		if w.Scope == l.scope && string(w.Key) == value {
+			c.wants[j].N = max(w.N, n)
+			return j
+		}
+	}
+	c.wants = append(c.wants, window.Want{Scope: l.scope, Key: []byte(value), Limit: l.rate, N: n})
+	c.lims = append(c.lims, l)
+	return len(c.wants) - 1
+}
+
+// decide answers one request at now against cfg's domains and counter.
+//
+// Matching: each entry of a descriptor whose key the domain limits selects
+// a window — the value's own entry if the domain has one, else the key's —
+// keyed by the entry's value. A descriptor is OVER_LIMIT when any of its
+// windows is; its status reports its most restrictive window. A descriptor
+// that matches nothing, and every descriptor of an unknown domain, is OK
+// with no limit (as envoyproxy/ratelimit answers).
+//
+// Counting is all or nothing across the whole request: the windows are
+// taken together (Counter.TakeAll), so when any descriptor is over its
+// limit no window is counted — the request is refused, and a refused
+// request consumes no one's quota (envoyproxy/ratelimit counts each
+// descriptor independently, and counts refused hits too).
+// The outcome names the control that refused ("" when OK) and the metrics
+// of the domain (of unknown domains for one that is not configured).
+func decide(cfg *config, counter window.Counter, req *rlspb.RateLimitRequest, now time.Time) (outcome, error) {
+	if req.GetDomain() == "" {
+		return outcome{}, status.Error(codes.InvalidArgument, "rate limit domain must not be empty")
+	}
+	descs := req.GetDescriptors()
+	if len(descs) == 0 {
+		return outcome{}, status.Error(codes.InvalidArgument, "rate limit descriptor list must not be empty")
+	}
+	resp := &rlspb.RateLimitResponse{
+		OverallCode: rlspb.RateLimitResponse_OK,
+		Statuses:    make([]*rlspb.RateLimitResponse_DescriptorStatus, len(descs)),
+	}
+	dom := cfg.domains[req.GetDomain()]
+	if dom == nil {
+		for i := range resp.Statuses {
+			resp.Statuses[i] = &rlspb.RateLimitResponse_DescriptorStatus{Code: rlspb.RateLimitResponse_OK}
+		}
+		return outcome{resp: resp, m: cfg.unknown}, nil
+	}
+	c := calls.Get().(*call)
+	defer func() { c.reset(); calls.Put(c) }()
+	hits := int64(max(req.GetHitsAddend(), 1))
+	for i, d := range descs {
+		n := hits
+		if h := d.GetHitsAddend(); h != nil && h.GetValue() > 0 {
+			n = int64(min(h.GetValue(), math.MaxInt32))
+		}
+		for _, e := range d.GetEntries() {
+			l := dom.match(e.GetKey(), e.GetValue())
+			if l == nil {
+				continue
+			}
+			if d.GetIsNegativeHits() {
+				// Envoy returning budget: credit the window, count nothing.
+				counter.Refund(l.scope, []byte(e.GetValue()), now, n)
+				continue
+			}
+			c.refs = append(c.refs, ref{desc: i, want: c.window(l, e.GetValue(), n)})
+		}
+	}
+	all := true
+	if len(c.wants) > 0 {
+		c.dec = slices.Grow(c.dec[:0], len(c.wants))[:len(c.wants)]
+		all = counter.TakeAll(c.wants, now, c.dec)
+	}
+	for i := range resp.Statuses {
+		resp.Statuses[i] = c.status(i, now)
+	}
+	if all {
+		if j := c.headline(); j >= 0 {
+			resp.ResponseHeadersToAdd = c.headers(j, now, false)
+		}
+		return outcome{resp: resp, m: dom.m}, nil
+	}
+	resp.OverallCode = rlspb.RateLimitResponse_OVER_LIMIT
+	j := c.headline()
+	resp.ResponseHeadersToAdd = c.headers(j, now, true)
+	resp.RawBody = c.body(j, now)
+	return outcome{resp: resp, m: dom.m, control: c.control(j)}, nil
+}
+
+type outcome struct {
+	resp    *rlspb.RateLimitResponse
+	m       *domainMetrics
+	control string // what refused; "" when OK
+}
+
+// refused reports whether window j refused (over its limit, or unavailable).
+func (c *call) refused(j int) bool { return !c.dec[j].Allowed }
+
+// tighter reports whether window a is more restrictive than b: refused
+// first, then less remaining, then the later reset.
+func (c *call) tighter(a, b int) bool {
+	if ra, rb := c.refused(a), c.refused(b); ra != rb {
+		return ra
+	}
+	if x, y := c.remaining(a), c.remaining(b); x != y {
+		return x < y
+	}
+	return c.dec[a].End().After(c.dec[b].End())
+}
+
+func (c *call) remaining(j int) int64 {
+	if c.refused(j) {
+		return 0
+	}
+	return c.dec[j].Remaining()
+}
+
+func (c *call) status(desc int, now time.Time) *rlspb.RateLimitResponse_DescriptorStatus {
+	best := -1
+	for _, r := range c.refs {
+		if r.desc == desc && (best < 0 || c.tighter(r.want, best)) {
+			best = r.want
+		}
+	}
+	st := &rlspb.RateLimitResponse_DescriptorStatus{Code: rlspb.RateLimitResponse_OK}
+	if best < 0 {
+		return st
+	}
+	l, d := c.lims[best], c.dec[best]
+	if c.refused(best) {
+		st.Code = rlspb.RateLimitResponse_OVER_LIMIT
+	}
+	st.CurrentLimit = l.current
+	st.LimitRemaining = uint32(min(c.remaining(best), math.MaxUint32))
+	st.DurationUntilReset = durationpb.New(max(d.ResetIn(now), 0))
+	return st
+}
+
+// headline is the window the response headers describe: the most
+// restrictive of the request (-1 when nothing matched).
+func (c *call) headline() int {
+	best := -1
+	for j := range c.wants {
+		if best < 0 || c.tighter(j, best) {
+			best = j
+		}
+	}
+	return best
+}
+
+// resetSeconds is the whole seconds, at least 1, until window j resets; 1
+// while the backend is unavailable.
+func (c *call) resetSeconds(j int, now time.Time) int64 {
+	if c.dec[j].Unavailable {
+		return 1
+	}
+	d := c.dec[j].ResetIn(now)
+	return max(int64((d+time.Second-1)/time.Second), 1)
+}
+
+func (c *call) control(j int) string {
+	if c.dec[j].Unavailable {
+		return ControlUpstream
+	}
+	return ControlLimited
+}
+
+func (c *call) headers(j int, now time.Time, refused bool) []*corev3.HeaderValue {
+	if j < 0 {
+		return nil
+	}
+	reset := strconv.FormatInt(c.resetSeconds(j, now), 10)
+	h := []*corev3.HeaderValue{
+		c.lims[j].limitHeader,
+		{Key: HeaderRemaining, Value: strconv.FormatInt(c.remaining(j), 10)},
+		{Key: HeaderReset, Value: reset},
+	}
+	if refused {
+		h = append(h, &corev3.HeaderValue{Key: HeaderRetryAfter, Value: reset},
+			&corev3.HeaderValue{Key: HeaderControl, Value: c.control(j)})
+	}
+	return h
+}
+
+// body is the local reply Envoy sends with the 429, in the shape of
+// warden's own 429s: {"control":"tenant_rate","quota":"rls:edge:tenant=acme",
+// "limit":5000,"retryAfterSeconds":12}.
+func (c *call) body(j int, now time.Time) []byte {
+	b := make([]byte, 0, 128)
+	b = append(b, `{"control":"`...)
+	b = append(b, c.control(j)...)
+	b = append(b, `","quota":`...)
+	b = strconv.AppendQuote(b, c.lims[j].quota+string(c.wants[j].Key))
+	b = append(b, `,"limit":`...)
+	b = strconv.AppendInt(b, c.lims[j].rate, 10)
+	b = append(b, `,"retryAfterSeconds":`...)
+	b = strconv.AppendInt(b, c.resetSeconds(j, now), 10)
+	return append(b, '}')
+}
