@@ -166,7 +166,11 @@ func BenchmarkGobreakerExecute(b *testing.B) {
 // the local over-limit cache.
 func BenchmarkWardenRedisTake(b *testing.B) {
 	url := testenv.RedisURL(b)
-	r, err := window.NewRedis(window.RedisConfig{Config: redisx.Config{URL: url, FailClosed: true},
+	// Generous deadlines: this measures throughput, and a GC pause or a
+	// scheduling hiccup on a shared 2-core machine must not turn into
+	// refusals that make the figure meaningless.
+	r, err := window.NewRedis(window.RedisConfig{Config: redisx.Config{URL: url, FailClosed: true,
+		DialTimeout: 2 * time.Second, ReadTimeout: 2 * time.Second, WriteTimeout: 2 * time.Second},
 		Prefix: redistest.Prefix(b, url)}, clock.Real{}, nil, nil)
 	if err != nil {
 		b.Fatal(err)
