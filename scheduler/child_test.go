@@ -1,0 +1,5 @@
+package scheduler
+
+const childEnv = "WARDEN_SCHED_CHILD"
+
+func childMain() int { return 2 }
