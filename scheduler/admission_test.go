@@ -337,10 +337,7 @@ func TestCrashedHolderPermitReturnsAfterLease(t *testing.T) {
   definitions:
     export: { semaphores: [erp] }`, ""), withFakeClock())
 	holder := h.submit(`{"name":"export","input":{"crash":true}}`)
-	h.waitUntil("the worker accepted the run", func(s *Scheduler) bool {
-		a := s.active[mustSeq(holder.ID)]
-		return a != nil && a.phase == phaseAsync
-	})
+	h.waitPhase(holder.ID, phaseAsync)
 	next := h.submit(`{"name":"export"}`)
 	if next.Status != "QUEUED" || deref(next.Control) != "semaphore" {
 		t.Fatalf("second run %s/%s, want QUEUED semaphore", next.Status, deref(next.Control))

@@ -114,16 +114,17 @@ func (w *worker) none(t *testing.T, h *harness) {
 // harness is a scheduler serving its handler on a fasthttp server on
 // loopback, with the governor of a policy and a test worker.
 type harness struct {
-	t      *testing.T
-	clk    clock.Clock
-	fake   *clock.Fake
-	gov    *governor.Governor
-	sched  *Scheduler
-	st     store.Store
-	base   string
-	client *http.Client
-	m      *metrics.Metrics
-	wrap   func(fasthttp.RequestHandler) fasthttp.RequestHandler
+	t       *testing.T
+	clk     clock.Clock
+	fake    *clock.Fake
+	gov     *governor.Governor
+	sched   *Scheduler
+	st      store.Store
+	base    string
+	client  *http.Client
+	m       *metrics.Metrics
+	wrap    func(*harness, fasthttp.RequestHandler) fasthttp.RequestHandler
+	dataDir string // set: the scheduler opens its own bbolt store there
 }
 
 type harnessOpt func(*harness)
@@ -134,8 +135,22 @@ func withFakeClock() harnessOpt {
 
 func withStore(st store.Store) harnessOpt { return func(h *harness) { h.st = st } }
 
-func withWrap(f func(fasthttp.RequestHandler) fasthttp.RequestHandler) harnessOpt {
+func withWrap(f func(*harness, fasthttp.RequestHandler) fasthttp.RequestHandler) harnessOpt {
 	return func(h *harness) { h.wrap = f }
+}
+
+// withDataDir lets the scheduler open the bbolt store of the policy in dir.
+func withDataDir(dir string) harnessOpt { return func(h *harness) { h.dataDir = dir } }
+
+// withGovernor shares another harness's governor (and so its pool windows,
+// as a shared backend would across a restart) and clock.
+func withGovernor(g *governor.Governor, clk clock.Clock) harnessOpt {
+	return func(h *harness) {
+		h.gov, h.clk = g, clk
+		if f, ok := clk.(*clock.Fake); ok {
+			h.fake = f
+		}
+	}
 }
 
 // policyYAML fills the worker URL into a policy whose scheduler section is
@@ -155,24 +170,28 @@ func newHarness(t *testing.T, yaml string, opts ...harnessOpt) *harness {
 	if err != nil {
 		t.Fatalf("policy: %v\n%s", err, yaml)
 	}
-	h.gov = governor.New(h.clk, h.m, window.NewMemory(h.clk))
+	if h.gov == nil {
+		h.gov = governor.New(h.clk, h.m, window.NewMemory(h.clk))
+	}
 	c := h.gov.Apply(p)
-	if h.st == nil {
+	if h.st == nil && h.dataDir == "" {
 		h.st = store.NewMemory()
 	}
-	h.sched = New(Options{Clock: h.clk, Metrics: h.m, Store: h.st})
+	h.sched = New(Options{Clock: h.clk, Metrics: h.m, Store: h.st, DataDir: h.dataDir})
 	if err := h.sched.Apply(context.Background(), c); err != nil {
 		t.Fatal(err)
 	}
 	handler := h.sched.Handler()
 	if h.wrap != nil {
-		handler = h.wrap(handler)
+		handler = h.wrap(h, handler)
 	}
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv := &fasthttp.Server{Handler: handler}
+	// A short idle-worker sweep lets the server's cleaner goroutine notice
+	// Shutdown quickly (goleak).
+	srv := &fasthttp.Server{Handler: handler, MaxIdleWorkerDuration: 20 * time.Millisecond}
 	served := make(chan struct{})
 	go func() { defer close(served); srv.Serve(ln) }()
 	h.base = "http://" + ln.Addr().String() + "/v1/runs"
@@ -314,4 +333,18 @@ func jsonBody(v any) string {
 	var b bytes.Buffer
 	json.NewEncoder(&b).Encode(v)
 	return b.String()
+}
+
+func jsonUnmarshal(b []byte, v any) error { return json.Unmarshal(b, v) }
+
+func decodeJSON(r io.Reader, v any) error { return json.NewDecoder(r).Decode(v) }
+
+// waitPhase waits until an admitted run reaches phase (phaseAsync: the
+// worker's 202 was processed and its timers and leases are set).
+func (h *harness) waitPhase(id string, p phase) {
+	h.t.Helper()
+	h.waitUntil(fmt.Sprintf("run %s reaches phase %d", id, p), func(s *Scheduler) bool {
+		a := s.active[mustSeq(id)]
+		return a != nil && a.phase == p
+	})
 }
