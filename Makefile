@@ -4,7 +4,7 @@ POLICY   ?= policies.example.yaml
 DATA_DIR ?= ./data
 FUZZTIME ?= 10s
 # Packages with fuzz targets and the targets to run briefly on every test run.
-FUZZ     := ./policy:FuzzParse
+FUZZ     := ./policy:FuzzParse ./scheduler:FuzzParseSubmit ./scheduler:FuzzKeyExpr ./scheduler:FuzzLookupJSON ./scheduler/store:FuzzDecode
 
 .PHONY: run build test test-unit fuzz lint vet fmt-check bench-limits bench-proxy bench-scheduler bench-bridge bench-rls clean
 

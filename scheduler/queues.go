@@ -62,6 +62,7 @@ func (s *Scheduler) Queues() any {
 		return time.Duration(now.UnixNano() - oldest).Seconds()
 	}
 	pools := map[string]*agg{}
+	poolByID := map[string]*definition{}
 	names := make([]string, 0, len(s.q.defs))
 	for name := range s.q.defs {
 		names = append(names, name)
@@ -119,6 +120,7 @@ func (s *Scheduler) Queues() any {
 				if p == nil {
 					p = &agg{}
 					pools[d.pool.ID()] = p
+					poolByID[d.pool.ID()] = d
 				}
 				p.depth += def.depth
 				p.running += def.running
@@ -136,6 +138,15 @@ func (s *Scheduler) Queues() any {
 	for _, id := range ids {
 		p := pools[id]
 		row := QueueState{Scope: "pool", Pool: id, Depth: p.depth, OldestAgeSeconds: age(p.oldest), Running: p.running}
+		if p.depth > 0 {
+			snap := poolByID[id].pool.Snapshot(now)
+			switch {
+			case snap.Concurrency > 0 && snap.InFlight >= snap.Concurrency:
+				row.Control = ControlPoolConc
+			case snap.Rate > 0 && snap.Remaining == 0:
+				row.Control = ControlPoolRate
+			}
+		}
 		out = append(out, row)
 	}
 	return out

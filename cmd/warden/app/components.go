@@ -1,5 +1,7 @@
 package app
 
+import "github.com/warden-dev/warden/scheduler"
+
 // buildComponents lists, in start order, every component a policy can turn
 // on. Each is started by Apply when its section is present, reconfigured on
 // reload and stopped when its section disappears; shutdown runs in reverse
@@ -12,5 +14,15 @@ package app
 //	Semaphores() any       // GET /v1/semaphores
 //	Queues() any           // GET /v1/queues
 func (a *App) buildComponents() []Component {
-	return nil
+	// The scheduler starts before the ingress listener that serves its
+	// runs API (sched.Handler() under sched.PathPrefix()), so that on
+	// SIGTERM the listener stops taking submissions before the scheduler
+	// drains its deliveries and closes the store.
+	sched := scheduler.New(scheduler.Options{
+		Clock:   a.clk,
+		Metrics: a.metrics,
+		Log:     a.log.With("component", "scheduler"),
+		DataDir: a.opts.DataDir,
+	})
+	return []Component{sched}
 }
