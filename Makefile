@@ -42,5 +42,13 @@ bench-limits:
 	$(GO) test -run='^$$' -bench=. -benchmem -cpu=1,2 -count=1 ./bench/limits/ | tee bench/out/limits.txt
 	$(GO) run ./bench/cmd/benchtab limits < bench/out/limits.txt
 
+# The run scheduler: admissions/s, durable submits/s, submit→start and
+# freed-slot→delivery latency, RSS with 1,000,000 queued runs, each beside a
+# buffered Go channel feeding the same worker (see bench/cmd/schedbench).
+bench-scheduler:
+	@mkdir -p bench/out
+	$(GO) build -o bench/out/schedbench ./bench/cmd/schedbench
+	bench/out/schedbench | tee bench/out/scheduler.txt
+
 clean:
 	rm -rf bin bench/out

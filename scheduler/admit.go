@@ -2,6 +2,7 @@ package scheduler
 
 import (
 	"context"
+	"sync"
 	"time"
 
 	"github.com/warden-dev/warden/governor/clock"
@@ -20,21 +21,53 @@ const (
 // active is an admitted run: it holds a lane, its key's slot, its
 // semaphore permits and its pool lease until it ends or waits to retry.
 type active struct {
-	seq         uint64
-	run         store.Run   // as last written (full once loaded)
-	def         *definition // settings it was admitted under; nil if unknown
-	q           *defQueue
-	key         string
-	prio        int32
-	queuedAt    int64
-	admittedAt  int64
-	lease       pool.Lease
-	sems        []string
+	// Set at admission, read-only after.
+	seq        uint64
+	def        *definition // settings it was admitted under; nil if unknown
+	q          *defQueue
+	key        string
+	prio       int32
+	queuedAt   int64
+	admittedAt int64
+
+	// Guarded by Scheduler.mu.
+	lease    pool.Lease
+	sems     []string
+	released bool
+
+	// Guarded by mu, a leaf lock: nothing else is locked while it is held,
+	// so a run's own transitions never wait for the admission lock.
+	mu          sync.Mutex
+	run         store.Run // as last written (full once loaded)
 	phase       phase
 	done        bool // ended, or left for RETRY_WAIT: nobody else may move it
 	heartbeatAt int64
 	timer       clock.Timer // start_to_close / heartbeat
 	cancel      context.CancelFunc
+}
+
+// end marks the run as leaving its admission; false when another
+// transition got there first. It returns the run as last written.
+func (a *active) end() (store.Run, bool) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.done {
+		return store.Run{}, false
+	}
+	a.done = true
+	if a.timer != nil {
+		a.timer.Stop()
+	}
+	if a.cancel != nil {
+		a.cancel()
+	}
+	return a.run, true
+}
+
+func (a *active) getPhase() phase {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.phase
 }
 
 // admitLocked admits waiting runs while capacity lasts: each time the best
@@ -93,7 +126,7 @@ func (s *Scheduler) admitLocked(now time.Time) []*active {
 			seq: e.seq, def: best, q: dq, key: e.g.key, prio: top.prio, queuedAt: e.queuedAt,
 			admittedAt: now.UnixNano(), lease: lease,
 		}
-		a.sems = s.acquireSemaphores(best, e.seq)
+		a.sems = s.acquireSemaphores(best, a)
 		s.running++
 		s.active[e.seq] = a
 		s.deliveries.Add(1)
@@ -105,6 +138,49 @@ func (s *Scheduler) admitLocked(now time.Time) []*active {
 	return out
 }
 
+// reserveLocked admits a run that is being submitted, before it has an id,
+// when every gate has room for it now; nil when it must wait.
+func (s *Scheduler) reserveLocked(d *definition, key string, prio int32, now time.Time) *active {
+	cfg := s.cfgPtr.Load()
+	if cfg == nil || s.draining || s.closed {
+		return nil
+	}
+	if limit, _ := cfg.limit(); s.running >= limit {
+		return nil
+	}
+	dq := s.q.def(d.name)
+	if dq.keyBusy(key) || !s.semaphoresFree(d) {
+		return nil
+	}
+	var lease pool.Lease
+	if d.pool != nil {
+		l, _, ok := d.pool.TryAcquire(now)
+		if !ok {
+			return nil
+		}
+		lease = l
+	}
+	a := &active{def: d, q: dq, key: key, prio: prio, queuedAt: now.UnixNano(), admittedAt: now.UnixNano(), lease: lease}
+	s.q.resumed(dq, key)
+	a.sems = s.acquireSemaphores(d, a)
+	s.running++
+	s.deliveries.Add(1)
+	return a
+}
+
+// unreserve gives back a reservation whose run was not stored (an error,
+// or its idempotency key named an existing run): it never started.
+func (s *Scheduler) unreserve(a *active) {
+	a.lease.Refund()
+	now := s.clk.Now()
+	s.mu.Lock()
+	s.releaseLocked(a)
+	started := s.admitLocked(now)
+	s.mu.Unlock()
+	s.launch(started)
+	s.deliveries.Done()
+}
+
 // launch starts the delivery of admitted runs.
 func (s *Scheduler) launch(started []*active) {
 	for _, a := range started {
@@ -114,21 +190,25 @@ func (s *Scheduler) launch(started []*active) {
 
 // releaseLocked frees everything an admitted run holds.
 func (s *Scheduler) releaseLocked(a *active) {
-	if _, ok := s.active[a.seq]; !ok {
+	if a.released {
 		return
 	}
-	delete(s.active, a.seq)
+	a.released = true
+	if s.active[a.seq] == a {
+		// A retry may have admitted the run again before this release.
+		delete(s.active, a.seq)
+	}
 	s.running--
 	s.q.finished(a.q, a.key)
-	s.releaseSemaphores(a.sems, a.seq)
+	s.releaseSemaphores(a.sems, a)
 	a.lease.Release()
-	if a.timer != nil {
-		a.timer.Stop()
-	}
-	if a.cancel != nil {
-		a.cancel()
-	}
 }
+
+// free hands an ended run to the admission loop, which releases what it
+// held and admits the next runs. Completions arrive from many goroutines;
+// the loop folds those waiting into one pass under one lock, so the
+// admission lock is taken once per batch rather than once per run.
+func (s *Scheduler) free(a *active) { s.freed <- a }
 
 // controlLocked names the control holding a waiting run of dq with key: the
 // run's own gates first (its key, its semaphores, its pool), then the shared

@@ -80,7 +80,26 @@ func (s *Scheduler) Submit(ctx context.Context, req SubmitRequest) (RunView, boo
 		r.Tenant = string(req.Header(cfg.tenantHeader))
 	}
 	r.Key = d.key.resolve(req.Input, req.Header)
+
+	// A run every gate admits right now is stored already STARTING: one
+	// durable write instead of two before it reaches the worker. Pending
+	// admissions go first, so this never overtakes a waiting run that
+	// could start.
+	s.mu.Lock()
+	started := s.admitLocked(now)
+	a := s.reserveLocked(d, r.Key, r.Priority, now)
+	s.mu.Unlock()
+	s.launch(started)
+	if a != nil {
+		r.Status, r.Attempt, r.StartedAt = store.Starting, 1, now.UnixNano()
+		if ws := a.lease.WindowStart(); !ws.IsZero() {
+			r.PoolID, r.WindowStart = d.pool.ID(), ws.UnixNano()
+		}
+	}
 	created, err := s.st.Submit(ctx, r)
+	if a != nil && (err != nil || !created) {
+		s.unreserve(a)
+	}
 	if err != nil {
 		return RunView{}, false, fmt.Errorf("store run: %w", err)
 	}
@@ -88,10 +107,28 @@ func (s *Scheduler) Submit(ctx context.Context, req SubmitRequest) (RunView, boo
 		v, err := s.view(ctx, r.Seq)
 		return v, false, err
 	}
-	s.added(store.Queued)
+	s.added(r.Status)
+	if a != nil {
+		a.seq = r.Seq
+		s.mu.Lock()
+		s.active[r.Seq] = a
+		v := s.viewLocked(*r, now)
+		s.mu.Unlock()
+		if d.retry != nil {
+			d.retry.RecordExecution()
+		}
+		if s.m != nil {
+			s.m.RunQueueWait.WithLabelValues(d.name).Observe(0)
+		}
+		go func() {
+			defer s.deliveries.Done()
+			s.deliverRecorded(a, *r)
+		}()
+		return v, true, nil
+	}
 	s.mu.Lock()
 	s.enqueueLocked(r)
-	started := s.admitLocked(now)
+	started = s.admitLocked(now)
 	v := s.viewLocked(*r, now)
 	s.mu.Unlock()
 	s.launch(started)
@@ -252,16 +289,20 @@ func (s *Scheduler) Heartbeat(ctx context.Context, id string) (RunView, error) {
 		return RunView{}, err
 	}
 	now := s.clk.Now().UnixNano()
-	s.mu.Lock()
-	if !a.done {
+	a.mu.Lock()
+	done, async := a.done, a.phase == phaseAsync
+	if !done {
 		a.heartbeatAt = now
-		if a.phase == phaseAsync {
-			s.leaseSemaphores(a.sems, a.seq, now+int64(a.leaseTerm()))
-		}
-		s.armRunTimerLocked(a)
+		s.armRunTimer(a)
 	}
-	done := a.done
-	s.mu.Unlock()
+	a.mu.Unlock()
+	if !done && async {
+		s.mu.Lock()
+		if !a.released {
+			s.leaseSemaphores(a.sems, a, now+int64(a.leaseTerm()))
+		}
+		s.mu.Unlock()
+	}
 	v, err := s.view(ctx, a.seq)
 	if err == nil && done {
 		return v, &Conflict{Msg: fmt.Sprintf("run %s is %s; heartbeats renew only a RUNNING run", id, v.Status)}
@@ -278,7 +319,7 @@ func (s *Scheduler) activeRun(ctx context.Context, id, what string) (*active, er
 	s.mu.Lock()
 	a := s.active[seq]
 	s.mu.Unlock()
-	if a != nil && a.phase != phaseAdmitted {
+	if a != nil && a.getPhase() != phaseAdmitted {
 		return a, nil
 	}
 	v, err := s.view(ctx, seq)

@@ -314,7 +314,7 @@ func (h *harness) waitUntil(what string, cond func(s *Scheduler) bool) {
 func (h *harness) settle() {
 	h.waitUntil("no admission is being persisted", func(s *Scheduler) bool {
 		for _, a := range s.active {
-			if a.phase == phaseAdmitted {
+			if a.getPhase() == phaseAdmitted {
 				return false
 			}
 		}
@@ -345,6 +345,6 @@ func (h *harness) waitPhase(id string, p phase) {
 	h.t.Helper()
 	h.waitUntil(fmt.Sprintf("run %s reaches phase %d", id, p), func(s *Scheduler) bool {
 		a := s.active[mustSeq(id)]
-		return a != nil && a.phase == p
+		return a != nil && a.getPhase() == p
 	})
 }

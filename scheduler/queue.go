@@ -215,7 +215,8 @@ func (q *queue) finished(d *defQueue, key string) {
 	q.fix(g)
 }
 
-// resumed records a run already running after a restart.
+// resumed counts a run running in its key's group without it having
+// waited in the queue: recovered after a restart, or admitted at submit.
 func (q *queue) resumed(d *defQueue, key string) {
 	g := q.group(d, key)
 	g.running++

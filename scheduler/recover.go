@@ -120,14 +120,16 @@ func (s *Scheduler) resume(r store.Run, now time.Time) {
 		}
 		for _, name := range d.semaphores {
 			if sem := s.sems[name]; sem != nil {
-				sem.holders[r.Seq] = 0
+				sem.holders[a] = 0
 				a.sems = append(a.sems, name)
 			}
 		}
-		s.leaseSemaphores(a.sems, r.Seq, now.UnixNano()+int64(a.leaseTerm()))
+		s.leaseSemaphores(a.sems, a, now.UnixNano()+int64(a.leaseTerm()))
 	}
 	s.q.resumed(dq, r.Key)
 	s.running++
 	s.active[r.Seq] = a
-	s.armRunTimerLocked(a)
+	a.mu.Lock()
+	s.armRunTimer(a)
+	a.mu.Unlock()
 }

@@ -47,14 +47,23 @@ func (s *Scheduler) deliverRun(a *active) {
 		return
 	}
 	s.moved(store.Queued, store.Starting)
-	s.mu.Lock()
+	s.deliverRecorded(a, r)
+}
+
+// deliverRecorded hands a run whose STARTING record is durable to the
+// worker and acts on the answer.
+func (s *Scheduler) deliverRecorded(a *active, r store.Run) {
+	dctx, cancel := context.WithCancel(context.Background())
+	a.mu.Lock()
 	a.run = r
 	a.phase = phaseDelivering
 	a.heartbeatAt = a.admittedAt
-	dctx, cancel := context.WithCancel(ctx)
 	a.cancel = cancel
-	s.armRunTimerLocked(a)
-	s.mu.Unlock()
+	s.armRunTimer(a)
+	a.mu.Unlock()
+	if s.stopping.Load() {
+		cancel() // a drain gave up on deliveries while this one was being recorded
+	}
 
 	reply := s.deliv(dctx, Delivery{RunID: formatID(a.seq), Name: r.Name, Attempt: int(r.Attempt), Tenant: r.Tenant, Input: r.Input})
 	cancel()
@@ -65,9 +74,9 @@ func (s *Scheduler) deliverRun(a *active) {
 // written: the delivery never started, so the rate slot is refunded and the
 // run waits again (unless it is not QUEUED any more, e.g. timed out).
 func (s *Scheduler) admissionFailed(a *active, err error) {
+	a.end()
 	a.lease.Refund()
 	s.mu.Lock()
-	a.done = true
 	s.releaseLocked(a)
 	requeue := !errors.Is(err, store.ErrConflict) && !errors.Is(err, store.ErrNotFound) && !s.draining && !s.closed
 	if requeue {
@@ -86,9 +95,7 @@ func (s *Scheduler) handleReply(a *active, rep Reply) {
 	if s.stopping.Load() && rep.Err != nil {
 		// Abandoned by a drain that ran out of time: the run stays
 		// STARTING in the store and a restart queues it again.
-		s.mu.Lock()
-		a.done = true
-		s.mu.Unlock()
+		a.end()
 		return
 	}
 	o := classify(rep)
@@ -108,17 +115,21 @@ func (s *Scheduler) handleReply(a *active, rep Reply) {
 // complete; its semaphore permits become leases renewed by heartbeats.
 func (s *Scheduler) accepted(a *active) {
 	now := s.clk.Now().UnixNano()
-	s.mu.Lock()
+	a.mu.Lock()
 	if a.done {
-		s.mu.Unlock()
+		a.mu.Unlock()
 		return
 	}
 	a.phase = phaseAsync
 	a.heartbeatAt = now
 	a.run.Status = store.Running
 	r := a.run
-	s.leaseSemaphores(a.sems, a.seq, now+int64(a.leaseTerm()))
-	s.armRunTimerLocked(a)
+	s.armRunTimer(a)
+	a.mu.Unlock()
+	s.mu.Lock()
+	if !a.released {
+		s.leaseSemaphores(a.sems, a, now+int64(a.leaseTerm()))
+	}
 	s.mu.Unlock()
 	if err := s.st.Update(context.Background(), &r, store.Of(store.Starting)); err != nil {
 		if !errors.Is(err, store.ErrConflict) {
@@ -141,21 +152,13 @@ func (a *active) leaseTerm() time.Duration {
 // finish ends a run for good. It reports false when another transition
 // (a timeout, a complete call, a drain) got there first.
 func (s *Scheduler) finish(a *active, st store.Status, output []byte, reason, control string) bool {
-	now := s.clk.Now()
-	s.mu.Lock()
-	if a.done {
-		s.mu.Unlock()
+	r, ok := a.end()
+	if !ok {
 		return false
 	}
-	a.done = true
-	s.releaseLocked(a)
-	started := s.admitLocked(now)
-	from := a.run.Status
-	r := a.run
-	s.mu.Unlock()
-	s.launch(started)
-
-	r.Status, r.FinishedAt, r.Output, r.Reason, r.Control = st, now.UnixNano(), output, reason, control
+	s.free(a)
+	from := r.Status
+	r.Status, r.FinishedAt, r.Output, r.Reason, r.Control = st, s.clk.Now().UnixNano(), output, reason, control
 	if err := s.st.Update(context.Background(), &r, store.Of(store.Starting, store.Running)); err != nil {
 		s.log.Error("record run end", "run", formatID(a.seq), "status", st.String(), "err", err)
 		return true
@@ -167,36 +170,28 @@ func (s *Scheduler) finish(a *active, st store.Status, output []byte, reason, co
 // fail handles a retryable failure: RETRY_WAIT with the policy's delay
 // while attempts and budget last, FAILED after.
 func (s *Scheduler) fail(a *active, reason string) bool {
-	s.mu.Lock()
-	done := a.done
-	s.mu.Unlock()
+	a.mu.Lock()
+	done, attempt := a.done, int(a.run.Attempt)
+	a.mu.Unlock()
 	if done {
 		return false
 	}
 	var retry bool
 	var control string
 	if a.def != nil && a.def.retry != nil {
-		retry, control = a.def.retry.ShouldRetry(int(a.run.Attempt), reason)
+		retry, control = a.def.retry.ShouldRetry(attempt, reason)
 	}
 	if !retry {
 		return s.finish(a, store.Failed, nil, reason, control)
 	}
-	delay := a.def.retry.Delay(int(a.run.Attempt), nil)
-	now := s.clk.Now()
-	s.mu.Lock()
-	if a.done {
-		s.mu.Unlock()
+	delay := a.def.retry.Delay(attempt, nil)
+	r, ok := a.end()
+	if !ok {
 		return false
 	}
-	a.done = true
-	s.releaseLocked(a)
-	started := s.admitLocked(now)
-	from := a.run.Status
-	r := a.run
-	s.mu.Unlock()
-	s.launch(started)
-
-	r.Status, r.Reason, r.RetryAt = store.RetryWait, reason, now.Add(delay).UnixNano()
+	s.free(a)
+	from := r.Status
+	r.Status, r.Reason, r.RetryAt = store.RetryWait, reason, s.clk.Now().Add(delay).UnixNano()
 	if err := s.st.Update(context.Background(), &r, store.Of(store.Starting, store.Running)); err != nil {
 		s.log.Error("record RETRY_WAIT", "run", formatID(a.seq), "err", err)
 		return true

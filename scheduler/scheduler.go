@@ -78,15 +78,23 @@ type Scheduler struct {
 	sweep      clock.Timer
 	sweepAt    int64
 
-	runCtx     context.Context // cancelled when a drain runs out of time
+	runCtx     context.Context // store calls of deliveries; cancelled when a drain runs out of time
 	cancelRuns context.CancelFunc
 	stopping   atomic.Bool
 	deliveries sync.WaitGroup // delivery goroutines
 	calls      sync.WaitGroup // API calls and timer callbacks
-	kick       chan struct{}
-	loopDone   chan struct{}
-	quit       chan struct{}
+	// closeMu orders enter against stop: readers are API calls and timer
+	// callbacks registering in calls.
+	closeMu  sync.RWMutex
+	shut     bool
+	kick     chan struct{}
+	freed    chan *active
+	loopDone chan struct{}
+	quit     chan struct{}
 }
+
+// freedBuffer lets completions hand over without waiting for the loop.
+const freedBuffer = 4096
 
 // New returns a stopped scheduler; Apply starts it.
 func New(opts Options) *Scheduler {
@@ -97,9 +105,10 @@ func New(opts Options) *Scheduler {
 		opts.Log = slog.New(slog.DiscardHandler)
 	}
 	s := &Scheduler{
-		opts: opts, clk: opts.Clock, log: opts.Log, m: opts.Metrics,
+		opts: opts, clk: opts.Clock, log: opts.Log, m: opts.Metrics, shut: true,
 		subscribed: map[*pool.Pool]bool{},
 		kick:       make(chan struct{}, 1),
+		freed:      make(chan *active, freedBuffer),
 	}
 	s.client = newWorkerClient()
 	s.deliv = opts.Deliver
@@ -168,6 +177,9 @@ func (s *Scheduler) start(ctx context.Context, c *governor.Controls, cfg *config
 	s.running, s.draining, s.closed, s.started = 0, false, false, true
 	s.runCtx, s.cancelRuns = context.WithCancel(context.Background())
 	s.stopping.Store(false)
+	s.closeMu.Lock()
+	s.shut = false
+	s.closeMu.Unlock()
 	s.quit, s.loopDone = make(chan struct{}), make(chan struct{})
 	s.reconfigureLocked(c, cfg)
 	s.mu.Unlock()
@@ -247,16 +259,49 @@ func (s *Scheduler) wake() {
 	}
 }
 
-// loop runs admission passes for events that arrive from outside the
-// scheduler's own paths (pool capacity freed elsewhere, window
-// boundaries). Submissions and completions admit inline.
+// loop releases ended runs and runs admission passes: for completions
+// (batched), and for events from outside the scheduler's own paths (pool
+// capacity freed elsewhere, window boundaries). Submissions admit inline.
 func (s *Scheduler) loop() {
 	defer close(s.loopDone)
+	batch := make([]*active, 0, 256)
 	for {
 		select {
+		case a := <-s.freed:
+			batch = append(batch[:0], a)
+		drain:
+			for len(batch) < cap(batch) {
+				select {
+				case a := <-s.freed:
+					batch = append(batch, a)
+				default:
+					break drain
+				}
+			}
+			now := s.clk.Now()
+			s.mu.Lock()
+			for _, a := range batch {
+				s.releaseLocked(a)
+			}
+			started := s.admitLocked(now)
+			s.mu.Unlock()
+			clear(batch)
+			s.launch(started)
 		case <-s.kick:
 			s.admitAndLaunch()
 		case <-s.quit:
+			// Every sender has finished by now; release what they left.
+			s.mu.Lock()
+			for {
+				select {
+				case a := <-s.freed:
+					s.releaseLocked(a)
+					continue
+				default:
+				}
+				break
+			}
+			s.mu.Unlock()
 			return
 		}
 	}
@@ -273,9 +318,9 @@ func (s *Scheduler) admitAndLaunch() {
 // enter registers an API call or timer callback; false once the scheduler
 // is closed. Every true must be paired with leave.
 func (s *Scheduler) enter() bool {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.closed || !s.started {
+	s.closeMu.RLock()
+	defer s.closeMu.RUnlock()
+	if s.shut {
 		return false
 	}
 	s.calls.Add(1)
@@ -323,7 +368,7 @@ func (s *Scheduler) stop(ctx context.Context) error {
 	}
 	inFlight := 0
 	for _, a := range s.active {
-		if a.phase != phaseAsync {
+		if a.getPhase() != phaseAsync {
 			inFlight++
 		}
 	}
@@ -338,15 +383,29 @@ func (s *Scheduler) stop(ctx context.Context) error {
 	case <-ctx.Done():
 		s.stopping.Store(true)
 		s.cancelRuns()
+		s.mu.Lock()
+		for _, a := range s.active {
+			a.mu.Lock()
+			if a.cancel != nil && a.phase == phaseDelivering {
+				a.cancel()
+			}
+			a.mu.Unlock()
+		}
+		s.mu.Unlock()
 		<-done
 		err = fmt.Errorf("drain: deliveries still in flight at the end of shutdown_grace were left STARTING; a restart queues them again")
 	}
+	s.closeMu.Lock()
+	s.shut = true
+	s.closeMu.Unlock()
 	s.mu.Lock()
 	s.closed = true
 	for _, a := range s.active {
+		a.mu.Lock()
 		if a.timer != nil {
 			a.timer.Stop()
 		}
+		a.mu.Unlock()
 	}
 	s.mu.Unlock()
 	s.calls.Wait()

@@ -18,7 +18,10 @@ import (
 type semaphore struct {
 	name    string
 	permits int
-	holders map[uint64]int64 // run seq → lease end (unix nanos); 0: no expiry
+	// holders maps each admission holding a permit to its lease end (unix
+	// nanos; 0: no expiry). Keyed by admission, not run: a retried run may
+	// be admitted again before its previous admission is released.
+	holders map[*active]int64
 }
 
 // permitLease is the lease of a permit held by a run without a
@@ -38,36 +41,36 @@ func (s *Scheduler) semaphoresFree(d *definition) bool {
 	return true
 }
 
-// acquireSemaphores takes one permit of each of d's semaphores for seq;
+// acquireSemaphores takes one permit of each of d's semaphores for a;
 // semaphoresFree must have been true.
-func (s *Scheduler) acquireSemaphores(d *definition, seq uint64) []string {
+func (s *Scheduler) acquireSemaphores(d *definition, a *active) []string {
 	var held []string
 	for _, name := range d.semaphores {
 		if sem := s.sems[name]; sem != nil {
-			sem.holders[seq] = 0
+			sem.holders[a] = 0
 			held = append(held, name)
 		}
 	}
 	return held
 }
 
-// releaseSemaphores frees seq's permits; a permit already swept or a
+// releaseSemaphores frees a's permits; a permit already swept or a
 // semaphore removed by a reload is simply gone.
-func (s *Scheduler) releaseSemaphores(names []string, seq uint64) {
+func (s *Scheduler) releaseSemaphores(names []string, a *active) {
 	for _, name := range names {
 		if sem := s.sems[name]; sem != nil {
-			delete(sem.holders, seq)
+			delete(sem.holders, a)
 		}
 	}
 }
 
-// leaseSemaphores starts or renews the expiring lease of seq's permits.
-func (s *Scheduler) leaseSemaphores(names []string, seq uint64, until int64) {
+// leaseSemaphores starts or renews the expiring lease of a's permits.
+func (s *Scheduler) leaseSemaphores(names []string, a *active, until int64) {
 	changed := false
 	for _, name := range names {
 		if sem := s.sems[name]; sem != nil {
-			if _, ok := sem.holders[seq]; ok {
-				sem.holders[seq] = until
+			if _, ok := sem.holders[a]; ok {
+				sem.holders[a] = until
 				changed = true
 			}
 		}
@@ -83,7 +86,7 @@ func (s *Scheduler) applySemaphores(permits map[string]int) {
 	for name, n := range permits {
 		sem := s.sems[name]
 		if sem == nil {
-			sem = &semaphore{name: name, holders: map[uint64]int64{}}
+			sem = &semaphore{name: name, holders: map[*active]int64{}}
 			s.sems[name] = sem
 		}
 		sem.permits = n
@@ -129,10 +132,10 @@ func (s *Scheduler) sweepLeases() {
 	s.mu.Lock()
 	s.sweepAt = 0
 	for _, sem := range s.sems {
-		for seq, until := range sem.holders {
+		for a, until := range sem.holders {
 			if until != 0 && until <= now.UnixNano() {
-				delete(sem.holders, seq)
-				s.log.Warn("semaphore permit lease expired; permit returned", "semaphore", sem.name, "run", formatID(seq))
+				delete(sem.holders, a)
+				s.log.Warn("semaphore permit lease expired; permit returned", "semaphore", sem.name, "run", formatID(a.seq))
 			}
 		}
 	}

@@ -14,7 +14,8 @@ import (
 // queue in deadline order); start_to_close and heartbeat are one timer per
 // admitted run at the earlier of the two deadlines.
 
-// runDeadline is when an admitted run times out, and which timeout that is.
+// runDeadline is when an admitted run times out, and which timeout that
+// is; a.mu is held.
 func runDeadline(a *active) (int64, string) {
 	if a.def == nil {
 		return 0, ""
@@ -32,10 +33,10 @@ func runDeadline(a *active) (int64, string) {
 	return at, why
 }
 
-// armRunTimerLocked (re)arms an admitted run's timeout timer.
-func (s *Scheduler) armRunTimerLocked(a *active) {
+// armRunTimer (re)arms an admitted run's timeout timer; a.mu is held.
+func (s *Scheduler) armRunTimer(a *active) {
 	at, _ := runDeadline(a)
-	if at == 0 || s.closed {
+	if at == 0 {
 		if a.timer != nil {
 			a.timer.Stop()
 		}
@@ -55,19 +56,19 @@ func (s *Scheduler) runTimerFired(a *active) {
 	}
 	defer s.leave()
 	now := s.clk.Now().UnixNano()
-	s.mu.Lock()
+	a.mu.Lock()
 	if a.done {
-		s.mu.Unlock()
+		a.mu.Unlock()
 		return
 	}
 	at, why := runDeadline(a)
 	if at == 0 || at > now {
 		// A heartbeat moved the deadline since the timer was set.
-		s.armRunTimerLocked(a)
-		s.mu.Unlock()
+		s.armRunTimer(a)
+		a.mu.Unlock()
 		return
 	}
-	s.mu.Unlock()
+	a.mu.Unlock()
 	s.finish(a, store.TimedOut, nil, why, ControlTimeout)
 }
 

@@ -4,44 +4,67 @@ import (
 	"context"
 	"slices"
 	"sync"
+	"sync/atomic"
 )
 
 // Memory keeps runs in process: not durable, for tests and benchmarks
-// (scheduler.store.kind: memory).
+// (scheduler.store.kind: memory). Runs are sharded by sequence so that
+// concurrent deliveries do not queue on one lock.
 type Memory struct {
-	mu     sync.Mutex
-	seq    uint64
-	runs   map[uint64]*Run
+	seq    atomic.Uint64
+	shards [memShards]memShard
+	counts [maxStatus + 1]atomic.Int64
+	// idemMu serialises submits that carry an idempotency key, so two of
+	// them with the same key create one run.
+	idemMu sync.Mutex
 	idem   map[string]uint64
-	counts [maxStatus + 1]int
-	closed bool
+	closed atomic.Bool
+}
+
+const memShards = 64
+
+type memShard struct {
+	mu   sync.Mutex
+	runs map[uint64]*Run
+	_    [40]byte // keep shards' locks on separate cache lines
 }
 
 // NewMemory returns an empty store.
 func NewMemory() *Memory {
-	return &Memory{runs: map[uint64]*Run{}, idem: map[string]uint64{}}
+	m := &Memory{idem: map[string]uint64{}}
+	for i := range m.shards {
+		m.shards[i].runs = map[uint64]*Run{}
+	}
+	return m
 }
+
+func (m *Memory) shard(seq uint64) *memShard { return &m.shards[seq%memShards] }
 
 func idemKey(name, key string) string { return name + "\x00" + key }
 
 // Submit implements Store.
 func (m *Memory) Submit(_ context.Context, r *Run) (bool, error) {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	if m.closed {
+	if m.closed.Load() {
 		return false, ErrClosed
 	}
 	if r.IdempotencyKey != "" {
+		m.idemMu.Lock()
+		defer m.idemMu.Unlock()
 		if seq, ok := m.idem[idemKey(r.Name, r.IdempotencyKey)]; ok {
-			*r = *m.runs[seq]
+			sh := m.shard(seq)
+			sh.mu.Lock()
+			*r = *sh.runs[seq]
+			sh.mu.Unlock()
 			return false, nil
 		}
 	}
-	m.seq++
-	r.Seq = m.seq
+	r.Seq = m.seq.Add(1)
 	c := *r
-	m.runs[r.Seq] = &c
-	m.counts[r.Status]++
+	sh := m.shard(r.Seq)
+	sh.mu.Lock()
+	sh.runs[r.Seq] = &c
+	sh.mu.Unlock()
+	m.counts[r.Status].Add(1)
 	if r.IdempotencyKey != "" {
 		m.idem[idemKey(r.Name, r.IdempotencyKey)] = r.Seq
 	}
@@ -50,12 +73,13 @@ func (m *Memory) Submit(_ context.Context, r *Run) (bool, error) {
 
 // Get implements Store.
 func (m *Memory) Get(_ context.Context, seq uint64) (Run, error) {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	if m.closed {
+	if m.closed.Load() {
 		return Run{}, ErrClosed
 	}
-	r, ok := m.runs[seq]
+	sh := m.shard(seq)
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	r, ok := sh.runs[seq]
 	if !ok {
 		return Run{}, ErrNotFound
 	}
@@ -64,22 +88,31 @@ func (m *Memory) Get(_ context.Context, seq uint64) (Run, error) {
 
 // List implements Store.
 func (m *Memory) List(_ context.Context, q Query) ([]Run, error) {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	if m.closed {
+	if m.closed.Load() {
 		return nil, ErrClosed
 	}
 	var out []Run
-	for seq, r := range m.runs {
-		if seq > q.After && (q.Status == 0 || r.Status == q.Status) {
+	m.each(func(r *Run) {
+		if r.Seq > q.After && (q.Status == 0 || r.Status == q.Status) {
 			out = append(out, *r)
 		}
-	}
+	})
 	slices.SortFunc(out, func(a, b Run) int { return cmpSeq(a.Seq, b.Seq) })
 	if q.Limit > 0 && len(out) > q.Limit {
 		out = out[:q.Limit]
 	}
 	return out, nil
+}
+
+func (m *Memory) each(f func(*Run)) {
+	for i := range m.shards {
+		sh := &m.shards[i]
+		sh.mu.Lock()
+		for _, r := range sh.runs {
+			f(r)
+		}
+		sh.mu.Unlock()
+	}
 }
 
 func cmpSeq(a, b uint64) int {
@@ -94,40 +127,43 @@ func cmpSeq(a, b uint64) int {
 
 // Update implements Store.
 func (m *Memory) Update(_ context.Context, r *Run, from Statuses) error {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	if m.closed {
+	if m.closed.Load() {
 		return ErrClosed
 	}
-	cur, ok := m.runs[r.Seq]
+	sh := m.shard(r.Seq)
+	sh.mu.Lock()
+	cur, ok := sh.runs[r.Seq]
 	if !ok {
+		sh.mu.Unlock()
 		return ErrNotFound
 	}
 	if !from.Has(cur.Status) {
+		sh.mu.Unlock()
 		return ErrConflict
 	}
-	m.counts[cur.Status]--
-	m.counts[r.Status]++
+	old := cur.Status
 	*cur = *r
+	sh.mu.Unlock()
+	if old != r.Status {
+		m.counts[old].Add(-1)
+		m.counts[r.Status].Add(1)
+	}
 	return nil
 }
 
 // Unfinished implements Store.
 func (m *Memory) Unfinished(ctx context.Context, fn func(*Run) error) error {
-	m.mu.Lock()
-	if m.closed {
-		m.mu.Unlock()
+	if m.closed.Load() {
 		return ErrClosed
 	}
 	var all []Run
-	for _, r := range m.runs {
+	m.each(func(r *Run) {
 		if !r.Status.Terminal() {
 			c := *r
 			c.Input, c.Output = nil, nil
 			all = append(all, c)
 		}
-	}
-	m.mu.Unlock()
+	})
 	rank := func(s Status) int { return slices.Index(Unfinished, s) }
 	slices.SortFunc(all, func(a, b Run) int {
 		if d := rank(a.Status) - rank(b.Status); d != 0 {
@@ -148,19 +184,15 @@ func (m *Memory) Unfinished(ctx context.Context, fn func(*Run) error) error {
 
 // Counts implements Store.
 func (m *Memory) Counts(context.Context) (map[Status]int, error) {
-	m.mu.Lock()
-	defer m.mu.Unlock()
 	out := make(map[Status]int, len(All))
 	for _, s := range All {
-		out[s] = m.counts[s]
+		out[s] = int(m.counts[s].Load())
 	}
 	return out, nil
 }
 
 // Close implements Store.
 func (m *Memory) Close() error {
-	m.mu.Lock()
-	m.closed = true
-	m.mu.Unlock()
+	m.closed.Store(true)
 	return nil
 }
