@@ -168,3 +168,42 @@ func TestUnsupportedStoreIsAnError(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// Removing the scheduler section stops it (draining, store kept); adding
+// it back starts it again with the runs the store holds.
+func TestSectionRemovedAndRestored(t *testing.T) {
+	g := newGates()
+	w := newWorker(t, func(d delivery) (int, string) { g.wait(d.id); return 200, "{}" })
+	with := policyYAML(w.srv.URL, `
+  lanes: 1
+  definitions:
+    job: {}`, "")
+	h := newHarness(t, with)
+	first := h.submit(`{"name":"job"}`)
+	second := h.submit(`{"name":"job"}`)
+	w.next(t)
+	g.release(first.ID)
+	without := strings.Replace(with, "scheduler:\n", "", 1)
+	without = without[:strings.Index(without, "\n  lanes: 1")] + "\n"
+	if err := h.reload(without); err != nil {
+		t.Fatalf("reload without a scheduler: %v", err)
+	}
+	if err := h.sched.Ready(); err == nil {
+		t.Fatal("scheduler still ready without its section")
+	}
+	if r := h.do("GET", "/"+first.ID, ""); r.code != 503 {
+		t.Fatalf("API while stopped: %d %s", r.code, r.body)
+	}
+	if err := h.reload(with); err != nil {
+		t.Fatal(err)
+	}
+	if v := h.waitStatus(first.ID, "COMPLETED"); v.Attempt != 1 {
+		t.Fatalf("first run: %+v", v)
+	}
+	d := w.next(t)
+	if d.id != second.ID {
+		t.Fatalf("after restart delivered %s, want %s", d.id, second.ID)
+	}
+	g.release(second.ID)
+	h.waitStatus(second.ID, "COMPLETED")
+}
