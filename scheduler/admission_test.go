@@ -10,8 +10,9 @@ import (
 
 // gates lets a test hold each run at the worker until it releases it.
 type gates struct {
-	mu sync.Mutex
-	ch map[string]chan struct{}
+	mu     sync.Mutex
+	ch     map[string]chan struct{}
+	opened bool // every gate is open: the test is over
 }
 
 func newGates() *gates { return &gates{ch: map[string]chan struct{}{}} }
@@ -22,6 +23,9 @@ func (g *gates) get(id string) chan struct{} {
 	c := g.ch[id]
 	if c == nil {
 		c = make(chan struct{})
+		if g.opened {
+			close(c)
+		}
 		g.ch[id] = c
 	}
 	return c
@@ -29,6 +33,21 @@ func (g *gates) get(id string) chan struct{} {
 
 func (g *gates) wait(id string)    { <-g.get(id) }
 func (g *gates) release(id string) { close(g.get(id)) }
+
+// openAll releases every held run, so that a test that failed half way
+// still lets its worker shut down.
+func (g *gates) openAll() {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.opened = true
+	for _, c := range g.ch {
+		select {
+		case <-c:
+		default:
+			close(c)
+		}
+	}
+}
 
 func TestLanesBoundTheWorker(t *testing.T) {
 	w := newWorker(t, func(delivery) (int, string) {
@@ -80,7 +99,7 @@ func TestLanesBoundTheWorker(t *testing.T) {
 
 func TestWorkerMaxConcurrentIsTheTighterGate(t *testing.T) {
 	g := newGates()
-	w := newWorker(t, func(d delivery) (int, string) { g.wait(d.id); return 200, "{}" })
+	w := newGatedWorker(t, g)
 	h := newHarness(t, policyYAML(w.srv.URL, `
   lanes: 5
   worker_max_concurrent: 2
@@ -109,7 +128,7 @@ func TestWorkerMaxConcurrentIsTheTighterGate(t *testing.T) {
 // Three acme runs go one at a time while a globex run starts at once.
 func TestKeyConcurrency(t *testing.T) {
 	g := newGates()
-	w := newWorker(t, func(d delivery) (int, string) { g.wait(d.id); return 200, "{}" })
+	w := newGatedWorker(t, g)
 	h := newHarness(t, policyYAML(w.srv.URL, `
   lanes: 10
   definitions:
@@ -157,7 +176,7 @@ func TestKeyConcurrency(t *testing.T) {
 // expression: unkeyed runs are limited together, not exempt.
 func TestUnresolvedKeySharesTheExpressionBucket(t *testing.T) {
 	g := newGates()
-	w := newWorker(t, func(d delivery) (int, string) { g.wait(d.id); return 200, "{}" })
+	w := newGatedWorker(t, g)
 	h := newHarness(t, policyYAML(w.srv.URL, `
   definitions:
     sync: { key: "t-${header.x-tenant-id}", key_concurrency: 1 }`, ""))
@@ -183,7 +202,7 @@ func TestUnresolvedKeySharesTheExpressionBucket(t *testing.T) {
 
 func TestPriorityThenAge(t *testing.T) {
 	g := newGates()
-	w := newWorker(t, func(d delivery) (int, string) { g.wait(d.id); return 200, "{}" })
+	w := newGatedWorker(t, g)
 	h := newHarness(t, policyYAML(w.srv.URL, `
   lanes: 1
   definitions:
@@ -214,7 +233,7 @@ func TestPriorityThenAge(t *testing.T) {
 // definition, whatever their priorities.
 func TestBlockedPoolDoesNotBlockOthers(t *testing.T) {
 	g := newGates()
-	w := newWorker(t, func(d delivery) (int, string) { g.wait(d.id); return 200, "{}" })
+	w := newGatedWorker(t, g)
 	h := newHarness(t, policyYAML(w.srv.URL, `
   lanes: 10
   definitions:
@@ -283,7 +302,7 @@ func TestPoolRateReleasesAtTheBoundary(t *testing.T) {
 // permits.
 func TestSemaphoreSharedByDefinitions(t *testing.T) {
 	g := newGates()
-	w := newWorker(t, func(d delivery) (int, string) { g.wait(d.id); return 200, "{}" })
+	w := newGatedWorker(t, g)
 	h := newHarness(t, policyYAML(w.srv.URL, `
   lanes: 10
   semaphores: { legacy_erp: 2 }

@@ -1,7 +1,6 @@
 package scheduler
 
 import (
-	"context"
 	"sync"
 	"time"
 
@@ -43,7 +42,8 @@ type active struct {
 	done        bool // ended, or left for RETRY_WAIT: nobody else may move it
 	heartbeatAt int64
 	timer       clock.Timer // start_to_close / heartbeat
-	cancel      context.CancelFunc
+
+	ctx abort // the delivery's context, with its own lock
 }
 
 // end marks the run as leaving its admission; false when another
@@ -58,9 +58,7 @@ func (a *active) end() (store.Run, bool) {
 	if a.timer != nil {
 		a.timer.Stop()
 	}
-	if a.cancel != nil {
-		a.cancel()
-	}
+	a.ctx.cancel()
 	return a.run, true
 }
 

@@ -16,7 +16,7 @@ import (
 func TestDrainFinishesInFlightAndKeepsTheQueue(t *testing.T) {
 	dir := t.TempDir()
 	g := newGates()
-	w := newWorker(t, func(d delivery) (int, string) { g.wait(d.id); return 200, "{}" })
+	w := newGatedWorker(t, g)
 	yaml := policyYAML(w.srv.URL, `
   lanes: 1
   definitions:
@@ -69,7 +69,7 @@ func TestInterruptedStartIsRequeuedWithRefund(t *testing.T) {
 			g.wait(d.id)
 		}
 		return 200, "{}"
-	})
+	}, g)
 	yaml := policyYAML(w.srv.URL, `
   lanes: 1
   definitions:

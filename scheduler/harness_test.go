@@ -50,7 +50,7 @@ type worker struct {
 	respond  func(d delivery) (int, string)
 }
 
-func newWorker(t *testing.T, respond func(d delivery) (int, string)) *worker {
+func newWorker(t *testing.T, respond func(d delivery) (int, string), held ...*gates) *worker {
 	w := &worker{arrived: make(chan delivery, 4096), respond: respond}
 	w.srv = httptest.NewServer(http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {
 		body, _ := io.ReadAll(r.Body)
@@ -72,8 +72,18 @@ func newWorker(t *testing.T, respond func(d delivery) (int, string)) *worker {
 		rw.WriteHeader(code)
 		io.WriteString(rw, out)
 	}))
-	t.Cleanup(w.srv.Close)
+	t.Cleanup(func() {
+		for _, g := range held {
+			g.openAll()
+		}
+		w.srv.Close()
+	})
 	return w
+}
+
+// newGatedWorker holds every run until the test releases it through g.
+func newGatedWorker(t *testing.T, g *gates) *worker {
+	return newWorker(t, func(d delivery) (int, string) { g.wait(d.id); return 200, "{}" }, g)
 }
 
 func (w *worker) deliveries() []delivery {

@@ -123,7 +123,7 @@ func TestUnreachableWorkerIsRetried(t *testing.T) {
 
 func TestScheduleToStartTimeout(t *testing.T) {
 	g := newGates()
-	w := newWorker(t, func(d delivery) (int, string) { g.wait(d.id); return 200, "{}" })
+	w := newGatedWorker(t, g)
 	h := newHarness(t, policyYAML(w.srv.URL, `
   lanes: 1
   definitions:
@@ -184,7 +184,7 @@ func TestHeartbeatTimeout(t *testing.T) {
 // abandoned and the run ends TIMED_OUT, its lane freed.
 func TestStartToCloseTimeout(t *testing.T) {
 	g := newGates()
-	w := newWorker(t, func(d delivery) (int, string) { g.wait(d.id); return 200, "{}" })
+	w := newGatedWorker(t, g)
 	h := newHarness(t, policyYAML(w.srv.URL, `
   lanes: 1
   definitions:
@@ -320,7 +320,7 @@ func TestBadRequests(t *testing.T) {
 
 func TestListByStatus(t *testing.T) {
 	g := newGates()
-	w := newWorker(t, func(d delivery) (int, string) { g.wait(d.id); return 200, "{}" })
+	w := newGatedWorker(t, g)
 	h := newHarness(t, policyYAML(w.srv.URL, `
   lanes: 1
   definitions:

@@ -16,7 +16,7 @@ import (
 
 func TestReload(t *testing.T) {
 	g := newGates()
-	w := newWorker(t, func(d delivery) (int, string) { g.wait(d.id); return 200, "{}" })
+	w := newGatedWorker(t, g)
 	sched := func(lanes string, defs string) string {
 		return policyYAML(w.srv.URL, "\n  lanes: "+lanes+"\n  definitions:\n"+defs, "")
 	}
@@ -82,7 +82,7 @@ func TestReload(t *testing.T) {
 
 func TestQueuesAndMetrics(t *testing.T) {
 	g := newGates()
-	w := newWorker(t, func(d delivery) (int, string) { g.wait(d.id); return 200, "{}" })
+	w := newGatedWorker(t, g)
 	h := newHarness(t, policyYAML(w.srv.URL, `
   lanes: 10
   definitions:
@@ -173,7 +173,7 @@ func TestUnsupportedStoreIsAnError(t *testing.T) {
 // it back starts it again with the runs the store holds.
 func TestSectionRemovedAndRestored(t *testing.T) {
 	g := newGates()
-	w := newWorker(t, func(d delivery) (int, string) { g.wait(d.id); return 200, "{}" })
+	w := newGatedWorker(t, g)
 	with := policyYAML(w.srv.URL, `
   lanes: 1
   definitions:
@@ -182,10 +182,13 @@ func TestSectionRemovedAndRestored(t *testing.T) {
 	first := h.submit(`{"name":"job"}`)
 	second := h.submit(`{"name":"job"}`)
 	w.next(t)
-	g.release(first.ID)
 	without := strings.Replace(with, "scheduler:\n", "", 1)
 	without = without[:strings.Index(without, "\n  lanes: 1")] + "\n"
-	if err := h.reload(without); err != nil {
+	reloaded := make(chan error, 1)
+	go func() { reloaded <- h.reload(without) }()
+	h.waitUntil("draining", func(s *Scheduler) bool { return s.draining })
+	g.release(first.ID) // the delivery in flight finishes within the grace
+	if err := <-reloaded; err != nil {
 		t.Fatalf("reload without a scheduler: %v", err)
 	}
 	if err := h.sched.Ready(); err == nil {

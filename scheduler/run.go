@@ -53,20 +53,17 @@ func (s *Scheduler) deliverRun(a *active) {
 // deliverRecorded hands a run whose STARTING record is durable to the
 // worker and acts on the answer.
 func (s *Scheduler) deliverRecorded(a *active, r store.Run) {
-	dctx, cancel := context.WithCancel(context.Background())
 	a.mu.Lock()
 	a.run = r
 	a.phase = phaseDelivering
 	a.heartbeatAt = a.admittedAt
-	a.cancel = cancel
 	s.armRunTimer(a)
 	a.mu.Unlock()
 	if s.stopping.Load() {
-		cancel() // a drain gave up on deliveries while this one was being recorded
+		a.ctx.cancel() // a drain gave up on deliveries while this one was being recorded
 	}
 
-	reply := s.deliv(dctx, Delivery{RunID: formatID(a.seq), Name: r.Name, Attempt: int(r.Attempt), Tenant: r.Tenant, Input: r.Input})
-	cancel()
+	reply := s.deliv(&a.ctx, Delivery{RunID: formatID(a.seq), Name: r.Name, Attempt: int(r.Attempt), Tenant: r.Tenant, Input: r.Input})
 	s.handleReply(a, reply)
 }
 

@@ -385,11 +385,9 @@ func (s *Scheduler) stop(ctx context.Context) error {
 		s.cancelRuns()
 		s.mu.Lock()
 		for _, a := range s.active {
-			a.mu.Lock()
-			if a.cancel != nil && a.phase == phaseDelivering {
-				a.cancel()
+			if a.getPhase() == phaseDelivering {
+				a.ctx.cancel()
 			}
-			a.mu.Unlock()
 		}
 		s.mu.Unlock()
 		<-done
