@@ -129,8 +129,8 @@ func (s *Scheduler) admitLocked(now time.Time) []*active {
 		s.active[e.seq] = a
 		s.deliveries.Add(1)
 		out = append(out, a)
-		if s.m != nil {
-			s.m.RunQueueWait.WithLabelValues(best.name).Observe(time.Duration(a.admittedAt - e.queuedAt).Seconds())
+		if best.waitObs != nil {
+			best.waitObs.Observe(time.Duration(a.admittedAt - e.queuedAt).Seconds())
 		}
 	}
 	return out

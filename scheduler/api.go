@@ -41,6 +41,18 @@ type RunView struct {
 	Output                json.RawMessage `json:"output"`
 }
 
+// Receipt is the answer to a submission (the 202 body of SPEC §6).
+type Receipt struct {
+	ID                string  `json:"id"`
+	Status            string  `json:"status"`
+	AwaitingAdmission bool    `json:"awaiting_admission"`
+	Control           *string `json:"control"`
+}
+
+func receiptOf(v RunView) Receipt {
+	return Receipt{ID: v.ID, Status: v.Status, AwaitingAdmission: v.AwaitingAdmission, Control: v.Control}
+}
+
 // SubmitRequest is one run to queue.
 type SubmitRequest struct {
 	Name           string
@@ -55,15 +67,15 @@ type SubmitRequest struct {
 // Submit stores a run durably and queues it, admitting it at once when
 // every gate has room. created is false when the idempotency key named an
 // existing run, which is returned as it is now.
-func (s *Scheduler) Submit(ctx context.Context, req SubmitRequest) (RunView, bool, error) {
+func (s *Scheduler) Submit(ctx context.Context, req SubmitRequest) (Receipt, bool, error) {
 	if !s.enter() {
-		return RunView{}, false, ErrStopped
+		return Receipt{}, false, ErrStopped
 	}
 	defer s.leave()
 	cfg := s.cfgPtr.Load()
 	d := cfg.defs[req.Name]
 	if d == nil {
-		return RunView{}, false, unknownDefinition(cfg, req.Name)
+		return Receipt{}, false, unknownDefinition(cfg, req.Name)
 	}
 	if req.Input == nil {
 		req.Input = []byte("{}")
@@ -101,41 +113,45 @@ func (s *Scheduler) Submit(ctx context.Context, req SubmitRequest) (RunView, boo
 		s.unreserve(a)
 	}
 	if err != nil {
-		return RunView{}, false, fmt.Errorf("store run: %w", err)
+		return Receipt{}, false, fmt.Errorf("store run: %w", err)
 	}
 	if !created {
 		v, err := s.view(ctx, r.Seq)
-		return v, false, err
+		return receiptOf(v), false, err
 	}
 	s.added(r.Status)
+	id := formatID(r.Seq)
 	if a != nil {
 		a.seq = r.Seq
 		s.mu.Lock()
 		s.active[r.Seq] = a
-		v := s.viewLocked(*r, now)
 		s.mu.Unlock()
 		if d.retry != nil {
 			d.retry.RecordExecution()
 		}
-		if s.m != nil {
-			s.m.RunQueueWait.WithLabelValues(d.name).Observe(0)
+		if d.waitObs != nil {
+			d.waitObs.Observe(0)
 		}
 		go func() {
 			defer s.deliveries.Done()
 			s.deliverRecorded(a, *r)
 		}()
-		return v, true, nil
+		return Receipt{ID: id, Status: store.Running.String()}, true, nil
 	}
 	s.mu.Lock()
 	s.enqueueLocked(r)
 	started = s.admitLocked(now)
-	v := s.viewLocked(*r, now)
+	rc := Receipt{ID: id, Status: store.Running.String()}
+	if _, admitted := s.active[r.Seq]; !admitted {
+		control := s.controlLocked(s.q.def(r.Name), r.Key, now)
+		rc.Status, rc.AwaitingAdmission, rc.Control = store.Queued.String(), true, &control
+	}
 	s.mu.Unlock()
 	s.launch(started)
-	if v.Control != nil && s.m != nil {
-		s.m.Rejections.WithLabelValues(*v.Control, "run:"+r.Name).Inc()
+	if rc.Control != nil && s.m != nil {
+		s.m.Rejections.WithLabelValues(*rc.Control, "run:"+r.Name).Inc()
 	}
-	return v, true, nil
+	return rc, true, nil
 }
 
 func unknownDefinition(cfg *config, name string) error {

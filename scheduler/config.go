@@ -2,12 +2,15 @@ package scheduler
 
 import (
 	"fmt"
+
+	"github.com/prometheus/client_golang/prometheus"
 	"reflect"
 	"slices"
 	"time"
 
 	"github.com/warden-dev/warden/governor"
 	"github.com/warden-dev/warden/governor/clock"
+	"github.com/warden-dev/warden/governor/metrics"
 	"github.com/warden-dev/warden/governor/pool"
 	"github.com/warden-dev/warden/governor/retry"
 	"github.com/warden-dev/warden/policy"
@@ -41,6 +44,7 @@ type definition struct {
 	scheduleToStart time.Duration
 	startToClose    time.Duration
 	heartbeat       time.Duration
+	waitObs         prometheus.Observer // warden_run_queue_wait_seconds{definition}; nil without metrics
 
 	// skip marks the definition as blocked for the admission pass with this
 	// number (its pool or a semaphore is full); guarded by Scheduler.mu.
@@ -53,7 +57,7 @@ const defaultTenantHeader = "x-tenant-id"
 // compile builds the config of c's scheduler section, keeping the retry
 // policies (and so their budgets) of definitions whose retry settings did
 // not change.
-func compile(c *governor.Controls, prev *config, clk clock.Clock) (*config, error) {
+func compile(c *governor.Controls, prev *config, clk clock.Clock, m *metrics.Metrics) (*config, error) {
 	p := c.Policy
 	s := p.Scheduler
 	if p.Ingress == nil {
@@ -85,6 +89,9 @@ func compile(c *governor.Controls, prev *config, clk clock.Clock) (*config, erro
 			name: name, cfg: pd, key: key, poolName: pd.Pool, semaphores: slices.Clone(pd.Semaphores),
 			priority: int32(pd.Priority), scheduleToStart: pd.ScheduleToStartTimeout,
 			startToClose: pd.StartToCloseTimeout, heartbeat: pd.HeartbeatTimeout,
+		}
+		if m != nil {
+			d.waitObs = m.RunQueueWait.WithLabelValues(name)
 		}
 		if pd.Pool != "" {
 			if d.pool = c.Pools.Get(pd.Pool); d.pool == nil {

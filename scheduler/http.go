@@ -120,12 +120,7 @@ func (s *Scheduler) serveSubmit(ctx context.Context, c *fasthttp.RequestCtx) {
 	if v.Control != nil {
 		c.Response.Header.Set("x-warden-control", *v.Control)
 	}
-	writeJSON(c, fasthttp.StatusAccepted, struct {
-		ID                string  `json:"id"`
-		Status            string  `json:"status"`
-		AwaitingAdmission bool    `json:"awaiting_admission"`
-		Control           *string `json:"control"`
-	}{v.ID, v.Status, v.AwaitingAdmission, v.Control})
+	writeJSON(c, fasthttp.StatusAccepted, v)
 }
 
 func (s *Scheduler) serveList(ctx context.Context, c *fasthttp.RequestCtx) {

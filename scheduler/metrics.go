@@ -3,6 +3,9 @@ package scheduler
 import (
 	"context"
 
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/warden-dev/warden/governor/metrics"
 	"github.com/warden-dev/warden/scheduler/store"
 )
 
@@ -15,19 +18,31 @@ func apiStatus(st store.Status) string {
 	return st.String()
 }
 
+// runGauges resolves warden_runs{status} once per status.
+func runGauges(m *metrics.Metrics) []prometheus.Gauge {
+	if m == nil {
+		return nil
+	}
+	g := make([]prometheus.Gauge, len(store.All)+1)
+	for _, st := range store.All {
+		g[st] = m.Runs.WithLabelValues(apiStatus(st))
+	}
+	return g
+}
+
 // moved keeps warden_runs{status} in step with a transition.
 func (s *Scheduler) moved(from, to store.Status) {
-	if s.m == nil || apiStatus(from) == apiStatus(to) {
+	if s.gauges == nil || apiStatus(from) == apiStatus(to) {
 		return
 	}
-	s.m.Runs.WithLabelValues(apiStatus(from)).Dec()
-	s.m.Runs.WithLabelValues(apiStatus(to)).Inc()
+	s.gauges[from].Dec()
+	s.gauges[to].Inc()
 }
 
 // added counts a new run.
 func (s *Scheduler) added(st store.Status) {
-	if s.m != nil {
-		s.m.Runs.WithLabelValues(apiStatus(st)).Inc()
+	if s.gauges != nil {
+		s.gauges[st].Inc()
 	}
 }
 

@@ -23,6 +23,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/warden-dev/warden/governor"
 	"github.com/warden-dev/warden/governor/clock"
 	"github.com/warden-dev/warden/governor/metrics"
@@ -59,6 +61,7 @@ type Scheduler struct {
 	m    *metrics.Metrics
 
 	cfgPtr atomic.Pointer[config] // nil while stopped
+	gauges []prometheus.Gauge     // warden_runs by store status; nil without metrics
 	client *http.Client
 	deliv  DeliverFunc
 
@@ -111,6 +114,7 @@ func New(opts Options) *Scheduler {
 		freed:      make(chan *active, freedBuffer),
 	}
 	s.client = newWorkerClient()
+	s.gauges = runGauges(opts.Metrics)
 	s.deliv = opts.Deliver
 	if s.deliv == nil {
 		s.deliv = s.httpDeliver
@@ -135,7 +139,7 @@ func (s *Scheduler) Apply(ctx context.Context, c *governor.Controls) error {
 		return s.stop(sctx)
 	}
 	prev := s.cfgPtr.Load()
-	cfg, err := compile(c, prev, s.clk)
+	cfg, err := compile(c, prev, s.clk, s.m)
 	if err != nil {
 		return err
 	}
