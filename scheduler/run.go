@@ -23,24 +23,17 @@ func parseID(id string) (uint64, bool) {
 // tell which runs may have reached the worker.
 func (s *Scheduler) deliverRun(a *active) {
 	defer s.deliveries.Done()
-	ctx := s.runCtx
-	r, err := s.st.Get(ctx, a.seq)
-	if err == nil && r.Status != store.Queued {
-		err = store.ErrConflict
+	adm := store.Admission{At: a.admittedAt}
+	if ws := a.lease.WindowStart(); !ws.IsZero() {
+		adm.PoolID, adm.WindowStart = a.def.pool.ID(), ws.UnixNano()
 	}
+	r, err := s.st.Start(s.runCtx, a.seq, adm)
 	if err == nil {
-		charged := r.RetryAt != 0 // requeued by a retry decision, already counted by the budget
-		r.Status = store.Starting
-		r.Attempt++
-		r.StartedAt = a.admittedAt
-		r.RetryAt, r.Control, r.Output = 0, "", nil
-		r.PoolID, r.WindowStart = "", 0
-		if ws := a.lease.WindowStart(); !ws.IsZero() {
-			r.PoolID, r.WindowStart = a.def.pool.ID(), ws.UnixNano()
-		}
-		if err = s.st.Update(ctx, &r, store.Of(store.Queued)); err == nil && !charged && a.def.retry != nil {
+		// A run back from a retry wait was counted by the budget already.
+		if r.RetryAt == 0 && a.def.retry != nil {
 			a.def.retry.RecordExecution()
 		}
+		r.RetryAt = 0
 	}
 	if err != nil {
 		s.admissionFailed(a, err)

@@ -95,6 +95,7 @@ type opKind uint8
 const (
 	opSubmit opKind = iota
 	opUpdate
+	opStart
 )
 
 type op struct {
@@ -102,6 +103,9 @@ type op struct {
 	run     *Run
 	value   []byte // encoded run, built by the caller off the committer
 	from    Statuses
+	adm     Admission // opStart
+	seq     uint64    // opStart
+	retryAt int64     // opStart: RetryAt before the admission
 	created bool
 	err     error
 	done    chan struct{}
@@ -150,6 +154,21 @@ func (s *Bolt) Update(ctx context.Context, r *Run, from Statuses) error {
 	o.run, o.value = nil, nil
 	opPool.Put(o)
 	return err
+}
+
+// Start implements Store.
+func (s *Bolt) Start(ctx context.Context, seq uint64, a Admission) (Run, error) {
+	var r Run
+	o := opPool.Get().(*op)
+	*o = op{kind: opStart, run: &r, seq: seq, adm: a, done: o.done}
+	err := s.do(ctx, o)
+	r.RetryAt = o.retryAt
+	o.run = nil
+	opPool.Put(o)
+	if err != nil {
+		return Run{}, err
+	}
+	return r, nil
 }
 
 func (s *Bolt) commitLoop() {
@@ -210,6 +229,8 @@ func (s *Bolt) commit(batch []*op) {
 				err = submitTx(runs, status, idem, o, &counts)
 			case opUpdate:
 				err = updateTx(runs, status, o, &counts)
+			case opStart:
+				err = startTx(runs, status, o, &counts)
 			}
 			if err != nil {
 				return err
@@ -296,6 +317,40 @@ func updateTx(runs, status *bolt.Bucket, o *op, counts *[maxStatus + 1]uint64) e
 		counts[st]--
 		counts[r.Status]++
 	}
+	return nil
+}
+
+func startTx(runs, status *bolt.Bucket, o *op, counts *[maxStatus + 1]uint64) error {
+	k := seqKey(o.seq)
+	cur := runs.Get(k)
+	if cur == nil {
+		o.err = ErrNotFound
+		return nil
+	}
+	if st, err := StatusOf(cur); err != nil || st != Queued {
+		if err != nil {
+			return fmt.Errorf("run %d: %w", o.seq, err)
+		}
+		o.err = ErrConflict
+		return nil
+	}
+	r := o.run
+	if err := Decode(cur, r, true); err != nil {
+		return fmt.Errorf("run %d: %w", o.seq, err)
+	}
+	r.Seq = o.seq
+	o.retryAt = r.admit(o.adm)
+	if err := runs.Put(k, Encode(nil, r)); err != nil {
+		return err
+	}
+	if err := status.Delete(statusKey(Queued, o.seq)); err != nil {
+		return err
+	}
+	if err := status.Put(statusKey(Starting, o.seq), nil); err != nil {
+		return err
+	}
+	counts[Queued]--
+	counts[Starting]++
 	return nil
 }
 

@@ -151,6 +151,31 @@ func (m *Memory) Update(_ context.Context, r *Run, from Statuses) error {
 	return nil
 }
 
+// Start implements Store.
+func (m *Memory) Start(_ context.Context, seq uint64, a Admission) (Run, error) {
+	if m.closed.Load() {
+		return Run{}, ErrClosed
+	}
+	sh := m.shard(seq)
+	sh.mu.Lock()
+	cur, ok := sh.runs[seq]
+	if !ok {
+		sh.mu.Unlock()
+		return Run{}, ErrNotFound
+	}
+	if cur.Status != Queued {
+		sh.mu.Unlock()
+		return Run{}, ErrConflict
+	}
+	retryAt := cur.admit(a)
+	out := *cur
+	sh.mu.Unlock()
+	m.counts[Queued].Add(-1)
+	m.counts[Starting].Add(1)
+	out.RetryAt = retryAt
+	return out, nil
+}
+
 // Unfinished implements Store.
 func (m *Memory) Unfinished(ctx context.Context, fn func(*Run) error) error {
 	if m.closed.Load() {

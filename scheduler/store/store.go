@@ -135,6 +135,24 @@ var (
 	ErrClosed   = errors.New("store closed")
 )
 
+// Admission is what Start records.
+type Admission struct {
+	At          int64 // unix nanos
+	PoolID      string
+	WindowStart int64 // 0: no rate slot taken
+}
+
+// admit applies an admission to a QUEUED run, returning the RetryAt it had.
+func (r *Run) admit(a Admission) int64 {
+	retryAt := r.RetryAt
+	r.Status = Starting
+	r.Attempt++
+	r.StartedAt = a.At
+	r.PoolID, r.WindowStart = a.PoolID, a.WindowStart
+	r.RetryAt, r.Control, r.Output = 0, "", nil
+	return retryAt
+}
+
 // Query selects runs for List.
 type Query struct {
 	Status Status // 0: any
@@ -158,6 +176,13 @@ type Store interface {
 	// Update replaces the stored run r.Seq with r if its stored status is in
 	// from; otherwise ErrConflict (ErrNotFound for an unknown run).
 	Update(ctx context.Context, r *Run, from Statuses) error
+	// Start records an admission: a QUEUED run becomes STARTING for its
+	// next attempt (Attempt+1, StartedAt, the pool window of its rate slot;
+	// RetryAt, Control and Output cleared) and is returned whole, in one
+	// operation. The returned RetryAt is the value it had while QUEUED:
+	// non-zero when the run came back from a retry wait. ErrConflict when
+	// the run is not QUEUED.
+	Start(ctx context.Context, seq uint64, a Admission) (Run, error)
 	// Unfinished calls fn for every run in a status of Unfinished, status by
 	// status in that order and by Seq within one, without Input and Output
 	// (Get loads them). fn must not call the store.

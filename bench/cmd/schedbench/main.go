@@ -73,7 +73,16 @@ func main() {
 	var rows []row
 	for _, kind := range []string{"memory", "bbolt"} {
 		w, b := compare("admit-"+kind, "admit-chan")
-		rows = append(rows, row{fmt.Sprintf("admissions/s, %s store (lanes %d)", kind, *lanesFlag), w[0], b[0], perSec, goalFor("admit", kind)(w[0])})
+		rows = append(rows,
+			row{fmt.Sprintf("admissions/s, %s store (lanes %d)", kind, *lanesFlag), w[0], b[0], perSec, goalFor("admit", kind)(w[0])},
+			row{fmt.Sprintf("  CPU time per admission, %s store", kind), w[1], b[1], dur, ""})
+		if kind == "memory" {
+			// The wall-clock figure depends on how much of the machine the
+			// process gets; CPU time per admission does not.
+			procs := float64(runtime.GOMAXPROCS(0))
+			rows = append(rows, row{fmt.Sprintf("  capacity if given all %d cores (cores ÷ CPU per admission)", runtime.GOMAXPROCS(0)),
+				procs * 1e9 / w[1], procs * 1e9 / b[1], perSec, goalFor("admit", kind)(procs * 1e9 / w[1])})
+		}
 	}
 	for _, kind := range []string{"memory", "bbolt"} {
 		w, b := compare("submit-"+kind, "submit-chan")
@@ -159,15 +168,17 @@ func child(what string) {
 	chanSide := kind == "chan"
 	switch {
 	case strings.HasPrefix(what, "admit-"):
+		var a, b float64
 		if chanSide {
-			v = []float64{chanAdmissions(*admitN, *lanesFlag)}
+			a, b = chanAdmissions(*admitN, *lanesFlag)
 		} else {
 			n := *admitN
 			if kind == "bbolt" {
 				n /= 4 // each admission waits for a disk commit
 			}
-			v = []float64{admissions(kind, n, *lanesFlag)}
+			a, b = admissions(kind, n, *lanesFlag)
 		}
+		v = []float64{a, b}
 	case strings.HasPrefix(what, "submit-"):
 		if chanSide {
 			v = []float64{chanSubmits(*submitN, 256)}
@@ -384,7 +395,7 @@ var input = []byte(`{"tenantId":"acme","orderId":1234567}`)
 
 // admissions: lanes runs hold the worker while n more queue behind them;
 // then the worker lets go and the time to drain the queue is measured.
-func admissions(kind string, n, lanes int) float64 {
+func admissions(kind string, n, lanes int) (perSec, cpuPerRun float64) {
 	gate := make(chan struct{})
 	var done atomic.Int64
 	finished := make(chan time.Time, 1)
@@ -398,21 +409,36 @@ func admissions(kind string, n, lanes int) float64 {
 	})
 	defer r.close()
 	submitAll(n+lanes, 64, func(int) { r.submit(input) })
+	runtime.GC()
+	if drainProfile != nil {
+		pprof.StartCPUProfile(drainProfile)
+		defer pprof.StopCPUProfile()
+	}
+	cpu0 := cpuTime()
 	start := time.Now()
 	close(gate)
 	end := <-finished
-	return float64(n) / end.Sub(start).Seconds()
+	return float64(n) / end.Sub(start).Seconds(), float64(cpuTime()-cpu0) / float64(n)
+}
+
+// cpuTime is the CPU time (user + system) the process has used.
+func cpuTime() time.Duration {
+	var ru syscall.Rusage
+	syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
 
 // chanAdmissions: the same drain from a buffered channel by lanes
 // goroutines calling the same worker.
-func chanAdmissions(n, lanes int) float64 {
+func chanAdmissions(n, lanes int) (perSec, cpuPerRun float64) {
 	ch := make(chan scheduler.Delivery, n)
 	for i := range n {
 		ch <- scheduler.Delivery{RunID: strconv.Itoa(i), Name: "job", Attempt: 1, Input: input}
 	}
 	close(ch)
 	worker := func(ctx context.Context, d scheduler.Delivery) scheduler.Reply { return scheduler.Reply{Status: 200} }
+	runtime.GC()
+	cpu0 := cpuTime()
 	start := time.Now()
 	var wg sync.WaitGroup
 	for range lanes {
@@ -425,7 +451,7 @@ func chanAdmissions(n, lanes int) float64 {
 		}()
 	}
 	wg.Wait()
-	return float64(n) / time.Since(start).Seconds()
+	return float64(n) / time.Since(start).Seconds(), float64(cpuTime()-cpu0) / float64(n)
 }
 
 // submits: n runs from callers goroutines while nothing is admitted (one
@@ -650,14 +676,22 @@ func procStatus(field string) float64 {
 	return 0
 }
 
+// drainProfile, when set, receives a CPU profile of an admission drain
+// alone (not of the submissions that fill the queue).
+var drainProfile *os.File
+
 func runOnly(what string) {
 	if *cpuprof != "" {
 		f, err := os.Create(*cpuprof)
 		if err != nil {
 			panic(err)
 		}
-		pprof.StartCPUProfile(f)
-		defer pprof.StopCPUProfile()
+		if strings.HasPrefix(what, "admit-") {
+			drainProfile = f
+		} else {
+			pprof.StartCPUProfile(f)
+			defer pprof.StopCPUProfile()
+		}
 	}
 	if *mutexprof != "" {
 		runtime.SetMutexProfileFraction(1)
@@ -673,7 +707,8 @@ func runOnly(what string) {
 	kind, _ := strings.CutPrefix(what[strings.IndexByte(what, '-')+1:], "")
 	switch {
 	case strings.HasPrefix(what, "admit-"):
-		fmt.Printf("%s: %s\n", what, format(admissions(kind, *admitN, *lanesFlag), perSec))
+		rate, cpu := admissions(kind, *admitN, *lanesFlag)
+		fmt.Printf("%s: %s, CPU %s per admission\n", what, format(rate, perSec), format(cpu, dur))
 	case strings.HasPrefix(what, "submit-"):
 		fmt.Printf("%s: %s\n", what, format(submits(kind, *submitN, 256), perSec))
 	case strings.HasPrefix(what, "latency-"):

@@ -25,6 +25,7 @@ func Run(t *testing.T, f Factory) {
 	t.Run("SubmitGet", func(t *testing.T) { submitGet(t, f) })
 	t.Run("Idempotency", func(t *testing.T) { idempotency(t, f) })
 	t.Run("UpdateConflict", func(t *testing.T) { updateConflict(t, f) })
+	t.Run("Start", func(t *testing.T) { start(t, f) })
 	t.Run("ListByStatus", func(t *testing.T) { listByStatus(t, f) })
 	t.Run("UnfinishedAndCounts", func(t *testing.T) { unfinished(t, f) })
 	t.Run("ConcurrentSubmits", func(t *testing.T) { concurrent(t, f) })
@@ -138,6 +139,41 @@ func updateConflict(t *testing.T, f Factory) {
 	missing := store.Run{Seq: 99999, Status: store.Queued}
 	if err := s.Update(ctx, &missing, store.Of(store.Queued)); !errors.Is(err, store.ErrNotFound) {
 		t.Fatalf("update of an unknown run: %v", err)
+	}
+}
+
+func start(t *testing.T, f Factory) {
+	s := f.Open(t)
+	defer s.Close()
+	r := newRun("sync", 1)
+	r.RetryAt, r.Control, r.Attempt = 77, "timeout", 1
+	if _, err := s.Submit(ctx, r); err != nil {
+		t.Fatal(err)
+	}
+	got, err := s.Start(ctx, r.Seq, store.Admission{At: 500, PoolID: "cap:x", WindowStart: 60})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.Seq != r.Seq || got.Status != store.Starting || got.Attempt != 2 || got.StartedAt != 500 || got.PoolID != "cap:x" ||
+		got.WindowStart != 60 || got.RetryAt != 77 || got.Control != "" || string(got.Input) != `{"i":1}` {
+		t.Fatalf("Start returned %+v", got)
+	}
+	stored, _ := s.Get(ctx, r.Seq)
+	if stored.Status != store.Starting || stored.RetryAt != 0 || stored.Attempt != 2 {
+		t.Fatalf("stored after Start: %+v", stored)
+	}
+	if _, err := s.Start(ctx, r.Seq, store.Admission{At: 600}); !errors.Is(err, store.ErrConflict) {
+		t.Fatalf("second Start: %v, want ErrConflict", err)
+	}
+	if _, err := s.Start(ctx, r.Seq+100, store.Admission{}); !errors.Is(err, store.ErrNotFound) {
+		t.Fatalf("Start of an unknown run: %v", err)
+	}
+	counts, _ := s.Counts(ctx)
+	if counts[store.Starting] != 1 || counts[store.Queued] != 0 {
+		t.Fatalf("counts after Start: %v", counts)
+	}
+	if starting, _ := s.List(ctx, store.Query{Status: store.Starting}); len(starting) != 1 {
+		t.Fatalf("List STARTING after Start: %v", starting)
 	}
 }
 
