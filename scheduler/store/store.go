@@ -3,17 +3,24 @@
 // --data-dir (the default), an in-memory map for tests and benchmarks, and
 // later a Postgres table shared by several sidecars.
 //
-// Every state change of a run is one store operation: Submit creates a
-// QUEUED run, Update moves a run from one of the statuses it is expected to
-// be in to its next state (a compare-and-set on the status). The scheduler
-// decides admissions in process and records each one with Update (QUEUED →
-// STARTING, carrying the pool window the rate slot was taken from) before it
-// delivers, so a restart can tell which runs were caught between admission
-// and delivery. A shared store can take the admission decision over without
-// changing this interface's callers: a Postgres store would claim the next
-// admissible runs with SELECT … FOR UPDATE SKIP LOCKED and check the gates in
-// the same transaction, returning runs already in STARTING; the scheduler's
-// in-process admitter then only delivers what the store hands it.
+// Every state change of a run is one store operation: Submit creates a run
+// (QUEUED, or STARTING when it is admitted at once), Start records an
+// admission (QUEUED → STARTING with the pool window its rate slot was
+// counted in), and Update moves a run from one of the statuses it is
+// expected to be in to its next state — each a compare-and-set on the
+// status, durable when it returns. The scheduler decides admissions in
+// process and records each before it delivers, so a restart can tell which
+// runs were caught between admission and delivery.
+//
+// The seam for a shared store (Postgres, several sidecars): each operation
+// maps to one statement (INSERT … ON CONFLICT for idempotency keys, UPDATE …
+// WHERE status = ANY($from) RETURNING), so the in-process admitter can work
+// over it unchanged while lanes and semaphores stay per sidecar. To share
+// the admission decision too, the Postgres store would add a claim
+// operation — SELECT the next admissible runs FOR UPDATE SKIP LOCKED,
+// checking the gates in the same transaction, and return them already
+// STARTING — which the scheduler then delivers exactly as it delivers what
+// its own admitter picked.
 package store
 
 import (
