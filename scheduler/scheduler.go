@@ -381,21 +381,25 @@ func (s *Scheduler) stop(ctx context.Context) error {
 
 	done := make(chan struct{})
 	go func() { s.deliveries.Wait(); close(done) }()
-	var err error
 	select {
 	case <-done:
 	case <-ctx.Done():
+		// Not an error: the grace is the operator's bound. What is still in
+		// flight stays STARTING and a restart queues it again.
 		s.stopping.Store(true)
 		s.cancelRuns()
 		s.mu.Lock()
+		abandoned := 0
 		for _, a := range s.active {
 			if a.getPhase() == phaseDelivering {
 				a.ctx.cancel()
+				abandoned++
 			}
 		}
 		s.mu.Unlock()
 		<-done
-		err = fmt.Errorf("drain: deliveries still in flight at the end of shutdown_grace were left STARTING; a restart queues them again")
+		s.log.Warn("shutdown_grace ended with deliveries in flight; they stay STARTING and a restart queues them again",
+			"abandoned", abandoned)
 	}
 	s.closeMu.Lock()
 	s.shut = true
@@ -415,13 +419,15 @@ func (s *Scheduler) stop(ctx context.Context) error {
 	<-s.loopDone
 	s.cancelRuns()
 	s.client.CloseIdleConnections()
-	var cerr error
+	var err error
 	if s.ownStore {
-		cerr = s.st.Close()
+		if err = s.st.Close(); err != nil {
+			err = fmt.Errorf("close run store: %w", err)
+		}
 	}
 	s.mu.Lock()
 	s.started = false
 	s.mu.Unlock()
 	s.cfgPtr.Store(nil)
-	return errors.Join(err, cerr)
+	return err
 }
