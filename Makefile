@@ -4,7 +4,8 @@ POLICY   ?= policies.example.yaml
 DATA_DIR ?= ./data
 FUZZTIME ?= 10s
 # Packages with fuzz targets and the targets to run briefly on every test run.
-FUZZ     := ./policy:FuzzParse ./governor/bridge:FuzzParseStartup ./governor/bridge:FuzzScanners ./proxy/rls:FuzzShouldRateLimit
+FUZZ     := ./policy:FuzzParse ./governor/bridge:FuzzParseStartup ./governor/bridge:FuzzScanners ./proxy/rls:FuzzShouldRateLimit \
+            ./scheduler:FuzzParseSubmit ./scheduler:FuzzKeyExpr ./scheduler:FuzzLookupJSON ./scheduler/store:FuzzDecode
 
 .PHONY: run build test test-unit fuzz lint vet fmt-check bench-limits bench-proxy bench-scheduler bench-bridge bench-rls clean
 
@@ -59,6 +60,14 @@ bench-rls:
 	@mkdir -p bench/out
 	$(GO) build -o bench/out/rlsbench ./bench/cmd/rlsbench
 	bench/out/rlsbench -redis $(REDIS_URL) $(BENCH_FLAGS) | tee bench/out/rls.txt
+
+# The run scheduler: admissions/s, durable submits/s, submit→start and
+# freed-slot→delivery latency, RSS with 1,000,000 queued runs, each beside a
+# buffered Go channel feeding the same worker (see bench/cmd/schedbench).
+bench-scheduler:
+	@mkdir -p bench/out
+	$(GO) build -o bench/out/schedbench ./bench/cmd/schedbench
+	bench/out/schedbench | tee bench/out/scheduler.txt
 
 clean:
 	rm -rf bin bench/out

@@ -115,6 +115,40 @@ func (l *Lease) Refund() {
 	l.p.dispatch()
 }
 
+// RefundAt gives back one rate slot counted in the window that began at
+// start. It serves recovery after a restart, when no Lease survives: the
+// scheduler persists the window start of each admission and refunds a run
+// that was interrupted before delivery. A no-op once that window ended or
+// when the pool has no rate gate.
+func (p *Pool) RefundAt(start time.Time) {
+	p.mu.Lock()
+	rated := p.cfg.Rate > 0
+	p.mu.Unlock()
+	if !rated || start.IsZero() {
+		return
+	}
+	p.counter.Refund(p.scope, p.key, start, 1)
+	p.dispatch()
+}
+
+// Resume takes a concurrency slot for work that is already running and was
+// recovered after a restart (a run the worker accepted before warden
+// stopped). It consumes no rate slot and never refuses: the work is in
+// flight whether or not the pool has room, and it must be counted so that
+// new admissions wait for it.
+func (p *Pool) Resume() Lease {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.cfg.Concurrency <= 0 {
+		return Lease{}
+	}
+	p.inFlight++
+	if p.gInFlight != nil {
+		p.gInFlight.Set(float64(p.inFlight))
+	}
+	return Lease{p: p, slot: true}
+}
+
 // WindowStart is when the rate window the lease was counted in began; the
 // scheduler persists it so that recovery can refund the right window.
 func (l *Lease) WindowStart() time.Time { return l.start }

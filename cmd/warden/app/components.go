@@ -3,6 +3,7 @@ package app
 import (
 	"github.com/warden-dev/warden/governor/bridge"
 	"github.com/warden-dev/warden/proxy/rls"
+	"github.com/warden-dev/warden/scheduler"
 )
 
 // buildComponents lists, in start order, every component a policy can turn
@@ -18,13 +19,23 @@ import (
 //	Queues() any           // GET /v1/queues
 //	Degraded() error       // /readyz body: serving, but degraded
 func (a *App) buildComponents() []Component {
+	// The scheduler starts before the ingress listener that serves its
+	// runs API (sched.Handler() under sched.PathPrefix()), so that on
+	// SIGTERM the listener stops taking submissions before the scheduler
+	// drains its deliveries and closes the store.
+	sched := scheduler.New(scheduler.Options{
+		Clock:   a.clk,
+		Metrics: a.metrics,
+		Log:     a.log.With("component", "scheduler"),
+		DataDir: a.opts.DataDir,
+	})
 	return []Component{
 		a.backend, // first: every other component counts in its windows
 		rls.New(a.gov.Counter(), a.clk, a.metrics, a.log),
+		sched,
 		bridge.New(bridge.Options{
 			Clock: a.clk, Metrics: a.metrics, Log: a.log.With("component", "bridges"),
-			// Runs: the scheduler's bridge.RunTracker, once it lands; nil
-			// turns run binding off (logged once).
+			Runs: sched, // application_name=run:<id> binds a session to its run
 		}),
 	}
 }

@@ -1,0 +1,392 @@
+package scheduler
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/warden-dev/warden/scheduler/store"
+)
+
+// Errors of the run API besides *BadRequest.
+var (
+	ErrNotFound = errors.New("run not found")
+	ErrStopped  = errors.New("scheduler is not running")
+)
+
+// Conflict refuses an operation the run's status does not allow (HTTP 409).
+type Conflict struct{ Msg string }
+
+func (e *Conflict) Error() string { return e.Msg }
+
+// RunView is a run as the API shows it (SPEC §6).
+type RunView struct {
+	ID                    string          `json:"id"`
+	Name                  string          `json:"name"`
+	Status                string          `json:"status"`
+	AwaitingAdmission     bool            `json:"awaiting_admission"`
+	Control               *string         `json:"control"`
+	Attempt               int             `json:"attempt"`
+	Priority              int             `json:"priority"`
+	Key                   string          `json:"key,omitempty"`
+	CreatedAt             *time.Time      `json:"created_at"`
+	StartedAt             *time.Time      `json:"started_at"`
+	FinishedAt            *time.Time      `json:"finished_at"`
+	RetryAt               *time.Time      `json:"retry_at,omitempty"`
+	ReasonForIncompletion *string         `json:"reason_for_incompletion"`
+	Output                json.RawMessage `json:"output"`
+}
+
+// Receipt is the answer to a submission (the 202 body of SPEC §6).
+type Receipt struct {
+	ID                string  `json:"id"`
+	Status            string  `json:"status"`
+	AwaitingAdmission bool    `json:"awaiting_admission"`
+	Control           *string `json:"control"`
+}
+
+func receiptOf(v RunView) Receipt {
+	return Receipt{ID: v.ID, Status: v.Status, AwaitingAdmission: v.AwaitingAdmission, Control: v.Control}
+}
+
+// SubmitRequest is one run to queue.
+type SubmitRequest struct {
+	Name           string
+	Input          []byte // raw JSON; nil means {}
+	Priority       *int32 // nil: the definition's priority
+	IdempotencyKey string
+	// Header reads the submit request's headers, for ${header.x} keys and
+	// the run's tenant; nil means none.
+	Header func(name string) []byte
+}
+
+// Submit stores a run durably and queues it, admitting it at once when
+// every gate has room. created is false when the idempotency key named an
+// existing run, which is returned as it is now.
+func (s *Scheduler) Submit(ctx context.Context, req SubmitRequest) (Receipt, bool, error) {
+	if !s.enter() {
+		return Receipt{}, false, ErrStopped
+	}
+	defer s.leave()
+	cfg := s.cfgPtr.Load()
+	d := cfg.defs[req.Name]
+	if d == nil {
+		return Receipt{}, false, unknownDefinition(cfg, req.Name)
+	}
+	if req.Input == nil {
+		req.Input = []byte("{}")
+	}
+	now := s.clk.Now()
+	r := &store.Run{
+		Name: req.Name, Status: store.Queued, Priority: d.priority, Input: req.Input,
+		IdempotencyKey: req.IdempotencyKey, CreatedAt: now.UnixNano(), QueuedAt: now.UnixNano(),
+	}
+	if req.Priority != nil {
+		r.Priority = *req.Priority
+	}
+	if req.Header != nil {
+		r.Tenant = string(req.Header(cfg.tenantHeader))
+	}
+	r.Key = d.key.resolve(req.Input, req.Header)
+
+	// A run every gate admits right now is stored already STARTING: one
+	// durable write instead of two before it reaches the worker. Pending
+	// admissions go first, so this never overtakes a waiting run that
+	// could start.
+	s.mu.Lock()
+	started := s.admitLocked(now)
+	a := s.reserveLocked(d, r.Key, r.Priority, now)
+	s.mu.Unlock()
+	s.launch(started)
+	if a != nil {
+		r.Status, r.Attempt, r.StartedAt = store.Starting, 1, now.UnixNano()
+		if ws := a.lease.WindowStart(); !ws.IsZero() {
+			r.PoolID, r.WindowStart = d.pool.ID(), ws.UnixNano()
+		}
+	}
+	created, err := s.st.Submit(ctx, r)
+	if a != nil && (err != nil || !created) {
+		s.unreserve(a)
+	}
+	if err != nil {
+		return Receipt{}, false, fmt.Errorf("store run: %w", err)
+	}
+	if !created {
+		v, err := s.view(ctx, r.Seq)
+		return receiptOf(v), false, err
+	}
+	s.added(r.Status)
+	id := formatID(r.Seq)
+	if a != nil {
+		a.seq = r.Seq
+		s.mu.Lock()
+		s.active[r.Seq] = a
+		s.mu.Unlock()
+		if d.retry != nil {
+			d.retry.RecordExecution()
+		}
+		if d.waitObs != nil {
+			d.waitObs.Observe(0)
+		}
+		go func() {
+			defer s.deliveries.Done()
+			s.deliverRecorded(a, *r)
+		}()
+		return Receipt{ID: id, Status: store.Running.String()}, true, nil
+	}
+	s.mu.Lock()
+	s.enqueueLocked(r)
+	started = s.admitLocked(now)
+	rc := Receipt{ID: id, Status: store.Running.String()}
+	if _, admitted := s.active[r.Seq]; !admitted {
+		control := s.controlLocked(s.q.def(r.Name), r.Key, now)
+		rc.Status, rc.AwaitingAdmission, rc.Control = store.Queued.String(), true, &control
+	}
+	s.mu.Unlock()
+	s.launch(started)
+	if rc.Control != nil && s.m != nil {
+		s.m.Rejections.WithLabelValues(*rc.Control, "run:"+r.Name).Inc()
+	}
+	return rc, true, nil
+}
+
+func unknownDefinition(cfg *config, name string) error {
+	names := make([]string, 0, len(cfg.defs))
+	for n := range cfg.defs {
+		names = append(names, n)
+	}
+	slices.Sort(names)
+	if len(names) == 0 {
+		return badRequest("unknown definition %q: scheduler.definitions is empty", name)
+	}
+	return badRequest("unknown definition %q; defined: %s", name, strings.Join(names, ", "))
+}
+
+// Get returns a run.
+func (s *Scheduler) Get(ctx context.Context, id string) (RunView, error) {
+	if !s.enter() {
+		return RunView{}, ErrStopped
+	}
+	defer s.leave()
+	seq, ok := parseID(id)
+	if !ok {
+		return RunView{}, ErrNotFound
+	}
+	return s.view(ctx, seq)
+}
+
+func (s *Scheduler) view(ctx context.Context, seq uint64) (RunView, error) {
+	r, err := s.st.Get(ctx, seq)
+	if errors.Is(err, store.ErrNotFound) {
+		return RunView{}, ErrNotFound
+	}
+	if err != nil {
+		return RunView{}, fmt.Errorf("load run: %w", err)
+	}
+	now := s.clk.Now()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.viewLocked(r, now), nil
+}
+
+// List returns runs in id order, optionally of one status (the API's
+// names; RUNNING includes runs being started), after id after.
+func (s *Scheduler) List(ctx context.Context, status string, after uint64, limit int) ([]RunView, error) {
+	if !s.enter() {
+		return nil, ErrStopped
+	}
+	defer s.leave()
+	var sts []store.Status
+	if status != "" {
+		st, ok := store.ParseStatus(status)
+		if !ok || st == store.Starting {
+			names := make([]string, 0, len(store.All))
+			for _, x := range store.All {
+				if x != store.Starting {
+					names = append(names, x.String())
+				}
+			}
+			return nil, badRequest("unknown status %q; want one of %s", status, strings.Join(names, ", "))
+		}
+		sts = append(sts, st)
+		if st == store.Running {
+			sts = append(sts, store.Starting)
+		}
+	}
+	var runs []store.Run
+	if len(sts) == 0 {
+		var err error
+		if runs, err = s.st.List(ctx, store.Query{After: after, Limit: limit}); err != nil {
+			return nil, err
+		}
+	}
+	for _, st := range sts {
+		part, err := s.st.List(ctx, store.Query{Status: st, After: after, Limit: limit})
+		if err != nil {
+			return nil, err
+		}
+		runs = append(runs, part...)
+	}
+	slices.SortFunc(runs, func(a, b store.Run) int {
+		switch {
+		case a.Seq < b.Seq:
+			return -1
+		case a.Seq > b.Seq:
+			return 1
+		}
+		return 0
+	})
+	if limit > 0 && len(runs) > limit {
+		runs = runs[:limit]
+	}
+	now := s.clk.Now()
+	out := make([]RunView, 0, len(runs))
+	s.mu.Lock()
+	for _, r := range runs {
+		out = append(out, s.viewLocked(r, now))
+	}
+	s.mu.Unlock()
+	return out, nil
+}
+
+// Completion is what a worker reports for a run it accepted with 202.
+type Completion struct {
+	Status string // COMPLETED, FAILED or FAILED_WITH_TERMINAL_ERROR
+	Output []byte // raw JSON
+	Reason string
+}
+
+// Complete ends a RUNNING run as the worker reports. FAILED is retried per
+// the definition's retry policy; FAILED_WITH_TERMINAL_ERROR never is.
+func (s *Scheduler) Complete(ctx context.Context, id string, c Completion) (RunView, error) {
+	if !s.enter() {
+		return RunView{}, ErrStopped
+	}
+	defer s.leave()
+	a, err := s.activeRun(ctx, id, "complete")
+	if err != nil {
+		return RunView{}, err
+	}
+	var ok bool
+	switch c.Status {
+	case "COMPLETED":
+		ok = s.finish(a, store.Completed, c.Output, "", "")
+	case "FAILED_WITH_TERMINAL_ERROR":
+		ok = s.finish(a, store.FailedTerminal, nil, c.Reason, "")
+	case "FAILED":
+		reason := c.Reason
+		if reason == "" {
+			reason = "worker reported FAILED"
+		}
+		ok = s.fail(a, reason)
+	default:
+		return RunView{}, badRequest(`"status" %q: want COMPLETED, FAILED or FAILED_WITH_TERMINAL_ERROR`, c.Status)
+	}
+	v, err := s.view(ctx, a.seq)
+	if err == nil && !ok {
+		return v, &Conflict{Msg: fmt.Sprintf("run %s is already %s", id, v.Status)}
+	}
+	return v, err
+}
+
+// Heartbeat renews a RUNNING run: its heartbeat_timeout restarts and its
+// semaphore permits' lease is extended.
+func (s *Scheduler) Heartbeat(ctx context.Context, id string) (RunView, error) {
+	if !s.enter() {
+		return RunView{}, ErrStopped
+	}
+	defer s.leave()
+	a, err := s.activeRun(ctx, id, "heartbeat")
+	if err != nil {
+		return RunView{}, err
+	}
+	now := s.clk.Now().UnixNano()
+	a.mu.Lock()
+	done, async := a.done, a.phase == phaseAsync
+	if !done {
+		a.heartbeatAt = now
+		s.armRunTimer(a)
+	}
+	a.mu.Unlock()
+	if !done && async {
+		s.mu.Lock()
+		if !a.released {
+			s.leaseSemaphores(a.sems, a, now+int64(a.leaseTerm()))
+		}
+		s.mu.Unlock()
+	}
+	v, err := s.view(ctx, a.seq)
+	if err == nil && done {
+		return v, &Conflict{Msg: fmt.Sprintf("run %s is %s; heartbeats renew only a RUNNING run", id, v.Status)}
+	}
+	return v, err
+}
+
+// activeRun finds an admitted run for complete or heartbeat.
+func (s *Scheduler) activeRun(ctx context.Context, id, what string) (*active, error) {
+	seq, ok := parseID(id)
+	if !ok {
+		return nil, ErrNotFound
+	}
+	s.mu.Lock()
+	a := s.active[seq]
+	s.mu.Unlock()
+	if a != nil && a.getPhase() != phaseAdmitted {
+		return a, nil
+	}
+	v, err := s.view(ctx, seq)
+	if err != nil {
+		return nil, err
+	}
+	return nil, &Conflict{Msg: fmt.Sprintf("run %s is %s: only a RUNNING run can %s", id, v.Status, what)}
+}
+
+// viewLocked renders a stored run, naming the control that holds it when
+// it waits.
+func (s *Scheduler) viewLocked(r store.Run, now time.Time) RunView {
+	v := RunView{
+		ID: formatID(r.Seq), Name: r.Name, Status: apiStatus(r.Status), Attempt: int(r.Attempt),
+		Priority: int(r.Priority), Key: r.Key,
+		CreatedAt: ts(r.CreatedAt), StartedAt: ts(r.StartedAt), FinishedAt: ts(r.FinishedAt),
+	}
+	if r.Status == store.RetryWait {
+		v.RetryAt = ts(r.RetryAt)
+	}
+	if r.Reason != "" {
+		reason := r.Reason
+		v.ReasonForIncompletion = &reason
+	}
+	if r.Output != nil {
+		if json.Valid(r.Output) {
+			v.Output = r.Output
+		} else {
+			v.Output, _ = json.Marshal(string(r.Output))
+		}
+	}
+	control := r.Control
+	if r.Status == store.Queued {
+		if _, admitted := s.active[r.Seq]; admitted {
+			// Admitted; its STARTING record is on its way.
+			v.Status, control = store.Running.String(), ""
+		} else {
+			v.AwaitingAdmission = true
+			control = s.controlLocked(s.q.def(r.Name), r.Key, now)
+		}
+	}
+	if control != "" {
+		v.Control = &control
+	}
+	return v
+}
+
+func ts(ns int64) *time.Time {
+	if ns == 0 {
+		return nil
+	}
+	t := time.Unix(0, ns).UTC()
+	return &t
+}

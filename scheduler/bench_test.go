@@ -1,0 +1,49 @@
+package scheduler
+
+import (
+	"context"
+	"sync"
+	"testing"
+
+	"github.com/warden-dev/warden/governor"
+	"github.com/warden-dev/warden/governor/clock"
+	"github.com/warden-dev/warden/governor/window"
+	"github.com/warden-dev/warden/policy"
+	"github.com/warden-dev/warden/scheduler/store"
+)
+
+// BenchmarkRunLifecycle is one run's whole path with the memory store and
+// an in-process worker: submit, admission, STARTING, delivery, COMPLETED,
+// release. make bench-scheduler measures the same against a channel.
+func BenchmarkRunLifecycle(b *testing.B) {
+	p, err := policy.Parse("b.yaml", []byte(`version: 1
+ingress: { listen: 127.0.0.1:0, worker: http://127.0.0.1:9 }
+scheduler:
+  lanes: 64
+  worker_max_concurrent: 64
+  definitions:
+    job: { key: "${input.k}", key_concurrency: 8 }
+`))
+	if err != nil {
+		b.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	s := New(Options{Store: store.NewMemory(), Deliver: func(context.Context, Delivery) Reply {
+		wg.Done()
+		return Reply{Status: 200}
+	}})
+	if err := s.Apply(context.Background(), governor.New(clock.Real{}, nil, window.NewMemory(clock.Real{})).Apply(p)); err != nil {
+		b.Fatal(err)
+	}
+	defer s.Shutdown(context.Background())
+	inputs := [][]byte{[]byte(`{"k":"a"}`), []byte(`{"k":"b"}`), []byte(`{"k":"c"}`), []byte(`{"k":"d"}`)}
+	b.ReportAllocs()
+	wg.Add(b.N)
+	b.ResetTimer()
+	for i := range b.N {
+		if _, _, err := s.Submit(context.Background(), SubmitRequest{Name: "job", Input: inputs[i%len(inputs)]}); err != nil {
+			b.Fatal(err)
+		}
+	}
+	wg.Wait()
+}

@@ -1,0 +1,47 @@
+package scheduler
+
+import (
+	"encoding/json"
+	"errors"
+	"testing"
+)
+
+func TestParseSubmit(t *testing.T) {
+	b, err := parseSubmit([]byte(` {"name":"sync","input":{"a":[1,2]},"priority":-3,"idempotency_key":"k"} `))
+	if err != nil || b.Name != "sync" || string(b.Input) != `{"a":[1,2]}` || *b.Priority != -3 || b.IdempotencyKey != "k" {
+		t.Fatalf("%+v %v", b, err)
+	}
+	b, err = parseSubmit([]byte(`{"name":"sync"}`))
+	if err != nil || string(b.Input) != "{}" || b.Priority != nil {
+		t.Fatalf("defaults: %+v %v", b, err)
+	}
+	if _, err := parseSubmit(make([]byte, maxBody+1)); err == nil {
+		t.Fatal("oversized body accepted")
+	}
+}
+
+// FuzzParseSubmit: every body is either a *BadRequest or a submission with
+// a name and an input that is valid JSON; never a panic or another error.
+func FuzzParseSubmit(f *testing.F) {
+	for _, s := range []string{`{"name":"a","input":{"x":1},"priority":2,"idempotency_key":"k"}`, `{"name":""}`,
+		`{"name":"a","input":null}`, `[]`, `{"name":"a"} x`, `{"name":"a","priority":99999999999}`, "{\"name\":\"\xff\"}"} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, body []byte) {
+		b, err := parseSubmit(body)
+		if err != nil {
+			var bad *BadRequest
+			if !errors.As(err, &bad) || bad.Msg == "" {
+				t.Fatalf("error %v is not a BadRequest with a message", err)
+			}
+			return
+		}
+		if b.Name == "" || !json.Valid(b.Input) {
+			t.Fatalf("accepted %q as name %q input %q", body, b.Name, b.Input)
+		}
+		c, err := parseComplete(body)
+		if err == nil && c.Status == "" {
+			t.Fatal("complete without a status accepted")
+		}
+	})
+}

@@ -1,0 +1,245 @@
+package scheduler
+
+import (
+	"context"
+	"errors"
+	"strconv"
+	"time"
+
+	"github.com/warden-dev/warden/scheduler/store"
+)
+
+// formatID is a run's public id: its store sequence in decimal.
+func formatID(seq uint64) string { return strconv.FormatUint(seq, 10) }
+
+func parseID(id string) (uint64, bool) {
+	seq, err := strconv.ParseUint(id, 10, 64)
+	return seq, err == nil && seq > 0
+}
+
+// deliverRun persists an admission (STARTING, with the rate window it was
+// counted in) and then hands the run to the worker. A run is never
+// delivered before its STARTING record is durable, so a restart can always
+// tell which runs may have reached the worker.
+func (s *Scheduler) deliverRun(a *active) {
+	defer s.deliveries.Done()
+	adm := store.Admission{At: a.admittedAt}
+	if ws := a.lease.WindowStart(); !ws.IsZero() {
+		adm.PoolID, adm.WindowStart = a.def.pool.ID(), ws.UnixNano()
+	}
+	r, err := s.st.Start(s.runCtx, a.seq, adm)
+	if err == nil {
+		// A run back from a retry wait was counted by the budget already.
+		if r.RetryAt == 0 && a.def.retry != nil {
+			a.def.retry.RecordExecution()
+		}
+		r.RetryAt = 0
+	}
+	if err != nil {
+		s.admissionFailed(a, err)
+		return
+	}
+	s.moved(store.Queued, store.Starting)
+	s.deliverRecorded(a, r)
+}
+
+// deliverRecorded hands a run whose STARTING record is durable to the
+// worker and acts on the answer.
+func (s *Scheduler) deliverRecorded(a *active, r store.Run) {
+	a.mu.Lock()
+	a.run = r
+	a.phase = phaseDelivering
+	a.heartbeatAt = a.admittedAt
+	s.armRunTimer(a)
+	a.mu.Unlock()
+	if s.stopping.Load() {
+		a.ctx.cancel() // a drain gave up on deliveries while this one was being recorded
+	}
+
+	reply := s.deliv(&a.ctx, Delivery{RunID: formatID(a.seq), Name: r.Name, Attempt: int(r.Attempt), Tenant: r.Tenant, Input: r.Input})
+	s.handleReply(a, reply)
+}
+
+// admissionFailed undoes an admission whose STARTING record could not be
+// written: the delivery never started, so the rate slot is refunded and the
+// run waits again (unless it is not QUEUED any more, e.g. timed out).
+func (s *Scheduler) admissionFailed(a *active, err error) {
+	a.end()
+	a.lease.Refund()
+	s.mu.Lock()
+	s.releaseLocked(a)
+	requeue := !errors.Is(err, store.ErrConflict) && !errors.Is(err, store.ErrNotFound) && !s.draining && !s.closed
+	if requeue {
+		s.q.push(a.q, a.key, a.seq, a.prio, a.queuedAt)
+	}
+	s.mu.Unlock()
+	if !errors.Is(err, store.ErrClosed) && !errors.Is(err, context.Canceled) {
+		s.log.Error("admission not recorded; run returned to the queue", "run", formatID(a.seq), "err", err)
+	}
+	// No immediate pass: a failing store would spin. The next event
+	// (submission, completion, boundary) retries.
+}
+
+// handleReply moves the run on after the worker answered.
+func (s *Scheduler) handleReply(a *active, rep Reply) {
+	if s.stopping.Load() && rep.Err != nil {
+		// Abandoned by a drain that ran out of time: the run stays
+		// STARTING in the store and a restart queues it again.
+		a.end()
+		return
+	}
+	o := classify(rep)
+	switch o.kind {
+	case outAccepted:
+		s.accepted(a)
+	case outCompleted:
+		s.finish(a, store.Completed, rep.Body, "", "")
+	case outTerminal:
+		s.finish(a, store.FailedTerminal, nil, o.reason, "")
+	case outRetryable:
+		s.fail(a, o.reason)
+	}
+}
+
+// accepted: the worker answered 202 and owns the run until it calls
+// complete; its semaphore permits become leases renewed by heartbeats.
+func (s *Scheduler) accepted(a *active) {
+	now := s.clk.Now().UnixNano()
+	a.mu.Lock()
+	if a.done {
+		a.mu.Unlock()
+		return
+	}
+	a.phase = phaseAsync
+	a.heartbeatAt = now
+	a.run.Status = store.Running
+	r := a.run
+	s.armRunTimer(a)
+	a.mu.Unlock()
+	s.mu.Lock()
+	if !a.released {
+		s.leaseSemaphores(a.sems, a, now+int64(a.leaseTerm()))
+	}
+	s.mu.Unlock()
+	if err := s.st.Update(context.Background(), &r, store.Of(store.Starting)); err != nil {
+		if !errors.Is(err, store.ErrConflict) {
+			s.log.Error("record RUNNING", "run", formatID(a.seq), "err", err)
+		}
+		return
+	}
+	s.moved(store.Starting, store.Running)
+}
+
+// leaseTerm is how long a permit held by an accepted run lasts without a
+// heartbeat.
+func (a *active) leaseTerm() time.Duration {
+	if a.def != nil && a.def.heartbeat > 0 {
+		return a.def.heartbeat
+	}
+	return permitLease
+}
+
+// finish ends a run for good. It reports false when another transition
+// (a timeout, a complete call, a drain) got there first.
+func (s *Scheduler) finish(a *active, st store.Status, output []byte, reason, control string) bool {
+	r, ok := a.end()
+	if !ok {
+		return false
+	}
+	s.free(a)
+	from := r.Status
+	r.Status, r.FinishedAt, r.Output, r.Reason, r.Control = st, s.clk.Now().UnixNano(), output, reason, control
+	if err := s.st.Update(context.Background(), &r, store.Of(store.Starting, store.Running)); err != nil {
+		s.log.Error("record run end", "run", formatID(a.seq), "status", st.String(), "err", err)
+		s.ended(a.seq) // over in memory either way: its sessions must go
+		return true
+	}
+	s.moved(from, st)
+	s.ended(a.seq)
+	return true
+}
+
+// fail handles a retryable failure: RETRY_WAIT with the policy's delay
+// while attempts and budget last, FAILED after.
+func (s *Scheduler) fail(a *active, reason string) bool {
+	a.mu.Lock()
+	done, attempt := a.done, int(a.run.Attempt)
+	a.mu.Unlock()
+	if done {
+		return false
+	}
+	var retry bool
+	var control string
+	if a.def != nil && a.def.retry != nil {
+		retry, control = a.def.retry.ShouldRetry(attempt, reason)
+	}
+	if !retry {
+		return s.finish(a, store.Failed, nil, reason, control)
+	}
+	delay := a.def.retry.Delay(attempt, nil)
+	r, ok := a.end()
+	if !ok {
+		return false
+	}
+	s.free(a)
+	from := r.Status
+	r.Status, r.Reason, r.RetryAt = store.RetryWait, reason, s.clk.Now().Add(delay).UnixNano()
+	if err := s.st.Update(context.Background(), &r, store.Of(store.Starting, store.Running)); err != nil {
+		s.log.Error("record RETRY_WAIT", "run", formatID(a.seq), "err", err)
+		return true
+	}
+	s.moved(from, store.RetryWait)
+	s.armRetry(r.Seq, delay)
+	return true
+}
+
+// armRetry puts a RETRY_WAIT run back in the queue after delay.
+func (s *Scheduler) armRetry(seq uint64, delay time.Duration) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.draining || s.closed {
+		return // persisted as RETRY_WAIT; a restart re-arms it
+	}
+	s.waits[seq] = s.clk.AfterFunc(delay, func() { s.requeue(seq) })
+}
+
+// requeue ends a retry wait: the run is QUEUED again, keeping its age.
+func (s *Scheduler) requeue(seq uint64) {
+	if !s.enter() {
+		return
+	}
+	defer s.leave()
+	full, err := s.st.Get(context.Background(), seq)
+	if err != nil || full.Status != store.RetryWait {
+		s.mu.Lock()
+		delete(s.waits, seq)
+		s.mu.Unlock()
+		return
+	}
+	now := s.clk.Now()
+	// RetryAt stays set: it tells the next admission this attempt was
+	// already counted by the retry budget.
+	full.Status, full.QueuedAt = store.Queued, now.UnixNano()
+	if err := s.st.Update(context.Background(), &full, store.Of(store.RetryWait)); err != nil {
+		s.log.Error("requeue after retry wait", "run", formatID(seq), "err", err)
+		return
+	}
+	s.moved(store.RetryWait, store.Queued)
+	s.mu.Lock()
+	delete(s.waits, seq)
+	s.enqueueLocked(&full)
+	started := s.admitLocked(now)
+	s.mu.Unlock()
+	s.launch(started)
+}
+
+// enqueueLocked puts a QUEUED run in the index.
+func (s *Scheduler) enqueueLocked(r *store.Run) {
+	dq := s.q.def(r.Name)
+	s.q.push(dq, r.Key, r.Seq, r.Priority, r.QueuedAt)
+	if cfg := s.cfgPtr.Load(); cfg != nil {
+		if d := cfg.defs[r.Name]; d != nil {
+			s.armSTSLocked(d)
+		}
+	}
+}

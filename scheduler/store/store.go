@@ -1,0 +1,201 @@
+// Package store keeps scheduler runs durably. The Store interface is the
+// seam between the scheduler and where runs live: the embedded bbolt file in
+// --data-dir (the default), an in-memory map for tests and benchmarks, and
+// later a Postgres table shared by several sidecars.
+//
+// Every state change of a run is one store operation: Submit creates a run
+// (QUEUED, or STARTING when it is admitted at once), Start records an
+// admission (QUEUED → STARTING with the pool window its rate slot was
+// counted in), and Update moves a run from one of the statuses it is
+// expected to be in to its next state — each a compare-and-set on the
+// status, durable when it returns. The scheduler decides admissions in
+// process and records each before it delivers, so a restart can tell which
+// runs were caught between admission and delivery.
+//
+// The seam for a shared store (Postgres, several sidecars): each operation
+// maps to one statement (INSERT … ON CONFLICT for idempotency keys, UPDATE …
+// WHERE status = ANY($from) RETURNING), so the in-process admitter can work
+// over it unchanged while lanes and semaphores stay per sidecar. To share
+// the admission decision too, the Postgres store would add a claim
+// operation — SELECT the next admissible runs FOR UPDATE SKIP LOCKED,
+// checking the gates in the same transaction, and return them already
+// STARTING — which the scheduler then delivers exactly as it delivers what
+// its own admitter picked.
+package store
+
+import (
+	"context"
+	"errors"
+	"time"
+)
+
+// Status is where a run is in its life.
+type Status uint8
+
+// Statuses. STARTING is the store's record of an admission whose delivery
+// has not been acknowledged by the worker; the API shows it as RUNNING.
+const (
+	Queued Status = iota + 1
+	Starting
+	Running
+	RetryWait
+	Completed
+	Failed
+	FailedTerminal
+	TimedOut
+	maxStatus = TimedOut
+)
+
+var statusNames = [...]string{
+	Queued: "QUEUED", Starting: "STARTING", Running: "RUNNING", RetryWait: "RETRY_WAIT",
+	Completed: "COMPLETED", Failed: "FAILED", FailedTerminal: "FAILED_WITH_TERMINAL_ERROR", TimedOut: "TIMED_OUT",
+}
+
+func (s Status) String() string {
+	if s == 0 || s > maxStatus {
+		return "UNKNOWN"
+	}
+	return statusNames[s]
+}
+
+// ParseStatus reads a status name as String writes it.
+func ParseStatus(name string) (Status, bool) {
+	for s := Queued; s <= maxStatus; s++ {
+		if statusNames[s] == name {
+			return s, true
+		}
+	}
+	return 0, false
+}
+
+// Terminal reports whether the run has ended for good.
+func (s Status) Terminal() bool { return s >= Completed && s <= maxStatus }
+
+// Unfinished lists the statuses a restart must look at, in the order
+// Store.Unfinished visits them.
+var Unfinished = []Status{Queued, Starting, Running, RetryWait}
+
+// All lists every status.
+var All = []Status{Queued, Starting, Running, RetryWait, Completed, Failed, FailedTerminal, TimedOut}
+
+// Statuses is a set of statuses, the expected current status of an Update.
+type Statuses uint16
+
+// Of makes a set.
+func Of(ss ...Status) Statuses {
+	var m Statuses
+	for _, s := range ss {
+		m |= 1 << s
+	}
+	return m
+}
+
+// Has reports whether s is in the set.
+func (m Statuses) Has(s Status) bool { return m&(1<<s) != 0 }
+
+// Run is one run as stored. Times are unix nanoseconds, 0 when unset, so a
+// million queued runs decode without a time.Time each.
+type Run struct {
+	Seq            uint64 // assigned by Submit; the run's identity and age
+	Name           string // definition
+	Status         Status
+	Priority       int32
+	Attempt        int32 // deliveries made so far; the current one while STARTING/RUNNING
+	Key            string
+	Tenant         string
+	IdempotencyKey string
+	Input          []byte
+	Output         []byte
+	Reason         string // reason_for_incompletion of the last failure
+	Control        string // the control that ended or delayed the run (timeout, retry_budget)
+	CreatedAt      int64
+	QueuedAt       int64 // when it last entered the queue (creation or the end of a retry wait)
+	StartedAt      int64 // when the current or last attempt was admitted
+	FinishedAt     int64
+	RetryAt        int64  // RETRY_WAIT: when it goes back to the queue
+	PoolID         string // pool whose rate slot the current admission took
+	WindowStart    int64  // start of that slot's window; 0 when no slot was taken
+}
+
+// Time converts a stored timestamp; the zero time for 0.
+func Time(ns int64) time.Time {
+	if ns == 0 {
+		return time.Time{}
+	}
+	return time.Unix(0, ns)
+}
+
+// Nanos converts a time for storage; 0 for the zero time.
+func Nanos(t time.Time) int64 {
+	if t.IsZero() {
+		return 0
+	}
+	return t.UnixNano()
+}
+
+// Errors a store reports.
+var (
+	ErrNotFound = errors.New("run not found")
+	// ErrConflict: the run is not in a status the update expected; another
+	// transition (a timeout, a complete call) got there first.
+	ErrConflict = errors.New("run changed status concurrently")
+	ErrClosed   = errors.New("store closed")
+)
+
+// Admission is what Start records.
+type Admission struct {
+	At          int64 // unix nanos
+	PoolID      string
+	WindowStart int64 // 0: no rate slot taken
+}
+
+// admit applies an admission to a QUEUED run, returning the RetryAt it had.
+func (r *Run) admit(a Admission) int64 {
+	retryAt := r.RetryAt
+	r.Status = Starting
+	r.Attempt++
+	r.StartedAt = a.At
+	r.PoolID, r.WindowStart = a.PoolID, a.WindowStart
+	r.RetryAt, r.Control, r.Output = 0, "", nil
+	return retryAt
+}
+
+// Query selects runs for List.
+type Query struct {
+	Status Status // 0: any
+	After  uint64 // runs with Seq > After
+	Limit  int
+}
+
+// Store keeps runs. Methods are safe for concurrent use; Submit and Update
+// are durable when they return nil.
+type Store interface {
+	// Submit stores r as a new run in r.Status (QUEUED) and sets r.Seq. When
+	// r.IdempotencyKey is set and a run of the same definition already has
+	// that key, r is overwritten with the existing run, nothing is written and
+	// created is false. The store keeps r's byte slices; the caller must not
+	// modify them afterwards.
+	Submit(ctx context.Context, r *Run) (created bool, err error)
+	// Get returns the run with sequence seq or ErrNotFound.
+	Get(ctx context.Context, seq uint64) (Run, error)
+	// List returns runs matching q in Seq order.
+	List(ctx context.Context, q Query) ([]Run, error)
+	// Update replaces the stored run r.Seq with r if its stored status is in
+	// from; otherwise ErrConflict (ErrNotFound for an unknown run).
+	Update(ctx context.Context, r *Run, from Statuses) error
+	// Start records an admission: a QUEUED run becomes STARTING for its
+	// next attempt (Attempt+1, StartedAt, the pool window of its rate slot;
+	// RetryAt, Control and Output cleared) and is returned whole, in one
+	// operation. The returned RetryAt is the value it had while QUEUED:
+	// non-zero when the run came back from a retry wait. ErrConflict when
+	// the run is not QUEUED.
+	Start(ctx context.Context, seq uint64, a Admission) (Run, error)
+	// Unfinished calls fn for every run in a status of Unfinished, status by
+	// status in that order and by Seq within one, without Input and Output
+	// (Get loads them). fn must not call the store.
+	Unfinished(ctx context.Context, fn func(*Run) error) error
+	// Counts returns how many runs are in each status.
+	Counts(ctx context.Context) (map[Status]int, error)
+	// Close flushes pending writes and releases the store.
+	Close() error
+}
