@@ -336,6 +336,9 @@ func (s *Scheduler) leave() { s.calls.Done() }
 
 // Ready reports whether the scheduler serves runs.
 func (s *Scheduler) Ready() error {
+	if s.cfgPtr.Load() == nil {
+		return nil // no scheduler section: nothing to be ready for
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if !s.started || s.closed {
