@@ -233,7 +233,6 @@ var tokenTable = func() (t [256]bool) {
 	return t
 }()
 
-
 const (
 	lsb = 0x0101010101010101
 	msb = 0x8080808080808080
