@@ -39,8 +39,8 @@ func (p *Pool) dial(deadline time.Time) (*Conn, error) {
 		return nil, wrap(KindDial, "dial", p.cfg.Addr, err)
 	}
 	nc := raw
-	if p.cfg.TLS != nil {
-		tc := tls.Client(raw, p.cfg.TLS)
+	if p.tls != nil {
+		tc := tls.Client(raw, p.tls)
 		_ = tc.SetDeadline(deadline)
 		if err := tc.Handshake(); err != nil {
 			raw.Close()

@@ -11,8 +11,12 @@ import (
 // Config is the settings of one pool.
 type Config struct {
 	Addr string // host:port to dial; the name is resolved again for every new connection
-	// TLS, when set, makes the pool originate TLS (ServerName must be set).
+	// TLS, when set, makes the pool originate TLS. It is shared, never
+	// modified: the pool uses a copy with ServerName set.
 	TLS *tls.Config
+	// ServerName is the name the upstream's certificate must carry (SNI);
+	// empty uses TLS.ServerName.
+	ServerName string
 	// MaxConns caps the connections open at once; further exchanges wait
 	// for one until their deadline. 0 means no cap.
 	MaxConns int
@@ -30,13 +34,14 @@ type Config struct {
 const DefaultMaxLifetime = 5 * time.Minute
 
 func (c Config) equal(o Config) bool {
-	return c.Addr == o.Addr && c.TLS == o.TLS && c.MaxConns == o.MaxConns &&
+	return c.Addr == o.Addr && c.TLS == o.TLS && c.ServerName == o.ServerName && c.MaxConns == o.MaxConns &&
 		c.IdleTimeout == o.IdleTimeout && c.MaxLifetime == o.MaxLifetime
 }
 
 // Pool is the connections to one upstream address.
 type Pool struct {
 	cfg Config
+	tls *tls.Config // cfg.TLS with ServerName applied; nil for plain TCP
 	set *Set
 	// idleTicks and lifeTicks are the limits in janitor ticks.
 	idleTicks, lifeTicks int64

@@ -516,8 +516,8 @@ func TestDynamicPoolsAreDropped(t *testing.T) {
 	clk := clock.NewFake(time.Unix(1_700_000_000, 0))
 	u := startUpstream(t, func(ctx *fasthttp.RequestCtx) {})
 	s := newSet(t, clk)
-	p := s.Dynamic(u.addr, Config{Addr: u.addr, IdleTimeout: time.Second})
-	if s.Dynamic(u.addr, Config{Addr: u.addr, IdleTimeout: time.Second}) != p {
+	p := s.Dynamic([]byte(u.addr), Config{Addr: u.addr, IdleTimeout: time.Second})
+	if s.Dynamic([]byte(u.addr), Config{Addr: u.addr, IdleTimeout: time.Second}) != p {
 		t.Fatal("dynamic pool not shared")
 	}
 	if _, _, err := exchange(t, p, &Request{Header: getRequest(u.addr, "/")}); err != nil {

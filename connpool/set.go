@@ -50,17 +50,26 @@ func (s *Set) Pool(key string, cfg Config) *Pool {
 	return s.get(key, cfg, false)
 }
 
-// Dynamic is Pool for upstreams known only from a request (hosts no target
-// names). Such pools are dropped once they have had no connection for a
-// whole idle timeout.
-func (s *Set) Dynamic(key string, cfg Config) *Pool {
+// Lookup returns the pool held under key, or nil.
+func (s *Set) Lookup(key []byte) *Pool {
 	s.mu.Lock()
-	p := s.pools[key]
+	p := s.pools[string(key)]
 	s.mu.Unlock()
-	if p != nil && p.cfg.equal(cfg) {
+	return p
+}
+
+// Dynamic is Pool for upstreams known only from a request (a host no
+// target names, or a target without upstream). Such pools are dropped once
+// they have had no connection for a whole idle timeout. The key must
+// identify the settings: an existing pool is returned as is.
+func (s *Set) Dynamic(key []byte, cfg Config) *Pool {
+	s.mu.Lock()
+	p := s.pools[string(key)]
+	s.mu.Unlock()
+	if p != nil {
 		return p
 	}
-	return s.get(key, cfg, true)
+	return s.get(string(key), cfg, true)
 }
 
 func (s *Set) get(key string, cfg Config, dynamic bool) *Pool {
@@ -92,6 +101,12 @@ func (s *Set) newPool(cfg Config, dynamic bool) *Pool {
 		return int64((d+s.tick-1)/s.tick) + 1
 	}
 	p := &Pool{cfg: cfg, set: s, lifeTicks: ticks(life)}
+	if cfg.TLS != nil {
+		p.tls = cfg.TLS.Clone()
+		if cfg.ServerName != "" {
+			p.tls.ServerName = cfg.ServerName
+		}
+	}
 	p.dynamic.Store(dynamic)
 	if cfg.IdleTimeout > 0 {
 		p.idleTicks = ticks(cfg.IdleTimeout)

@@ -60,6 +60,7 @@ func StartUpstream(t testing.TB, h fasthttp.RequestHandler) *Upstream {
 		StreamRequestBody: true,
 		CloseOnShutdown:   true,
 		NoDefaultDate:     true,
+		Logger:            quiet{},
 	}
 	done := make(chan struct{})
 	go func() { defer close(done); _ = u.Srv.Serve(ln) }()
@@ -114,3 +115,9 @@ func WaitFor(t testing.TB, what string, cond func() bool) {
 		time.Sleep(time.Millisecond)
 	}
 }
+
+// quiet drops fasthttp's log lines (its warning about Request.Body() on a
+// streamed body is expected from test handlers).
+type quiet struct{}
+
+func (quiet) Printf(string, ...any) {}

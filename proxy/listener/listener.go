@@ -1,7 +1,8 @@
 // Package listener runs one fasthttp server on one address for a proxy
 // component, and drains it: Shutdown stops accepting, lets in-flight
 // requests finish until the context's deadline, then closes whatever is
-// left, hijacked connections (CONNECT tunnels) included.
+// left. Hijacked connections (CONNECT tunnels) are the hijacker's to
+// track.
 package listener
 
 import (
@@ -22,10 +23,8 @@ type Listener struct {
 	done chan struct{}
 	log  *slog.Logger
 
-	mu     sync.Mutex
-	conns  map[net.Conn]struct{} // every connection the server holds
-	held   map[net.Conn]struct{} // hijacked connections still in use
-	closed bool
+	mu    sync.Mutex
+	conns map[net.Conn]struct{} // every connection the server holds
 }
 
 // Start listens on addr and serves srv there. srv.ConnState is taken over
@@ -35,8 +34,7 @@ func Start(addr string, srv *fasthttp.Server, log *slog.Logger) (*Listener, erro
 	if err != nil {
 		return nil, fmt.Errorf("listen on %s: %w", addr, err)
 	}
-	l := &Listener{srv: srv, ln: ln, done: make(chan struct{}), log: log,
-		conns: map[net.Conn]struct{}{}, held: map[net.Conn]struct{}{}}
+	l := &Listener{srv: srv, ln: ln, done: make(chan struct{}), log: log, conns: map[net.Conn]struct{}{}}
 	srv.ConnState = l.connState
 	srv.CloseOnShutdown = true
 	go func() {
@@ -62,60 +60,18 @@ func (l *Listener) connState(c net.Conn, st fasthttp.ConnState) {
 	l.mu.Unlock()
 }
 
-// Hold registers a hijacked connection so that Shutdown waits for it and
-// closes it at the deadline; the returned func unregisters it. ok is false
-// when the listener is already shutting down: the caller should close c.
-func (l *Listener) Hold(c net.Conn) (release func(), ok bool) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if l.closed {
-		return func() {}, false
-	}
-	l.held[c] = struct{}{}
-	return func() {
-		l.mu.Lock()
-		delete(l.held, c)
-		l.mu.Unlock()
-	}, true
-}
-
-// Shutdown stops accepting, waits for in-flight requests and held
-// connections until ctx ends, then closes every connection left.
+// Shutdown stops accepting, waits for in-flight requests until ctx ends,
+// then closes every connection left.
 func (l *Listener) Shutdown(ctx context.Context) error {
-	l.mu.Lock()
-	l.closed = true
-	l.mu.Unlock()
 	err := l.srv.ShutdownWithContext(ctx)
-	if err == nil {
-		err = l.waitHeld(ctx)
-	}
 	if err != nil {
 		// The grace period is over: what is still open is cut.
 		l.mu.Lock()
 		for c := range l.conns {
 			c.Close()
 		}
-		for c := range l.held {
-			c.Close()
-		}
 		l.mu.Unlock()
 	}
 	<-l.done
 	return err
-}
-
-func (l *Listener) waitHeld(ctx context.Context) error {
-	for {
-		l.mu.Lock()
-		n := len(l.held)
-		l.mu.Unlock()
-		if n == 0 {
-			return nil
-		}
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-waitTick():
-		}
-	}
 }
