@@ -44,10 +44,13 @@ type Egress struct {
 
 	table atomic.Pointer[table]
 
-	mu       sync.Mutex // serialises Apply and Shutdown
-	ln       *listener.Listener
-	addr     string
-	shutdown bool
+	drains      sync.WaitGroup // replaced listeners still draining
+	drainCtx    context.Context
+	cancelDrain context.CancelFunc
+	mu          sync.Mutex // serialises Apply and Shutdown
+	ln          *listener.Listener
+	addr        string
+	shutdown    bool
 
 	tunnels tunnels
 }
@@ -65,13 +68,16 @@ func New(opts Options) *Egress {
 	if base == nil {
 		base = &tls.Config{}
 	}
+	drainCtx, cancel := context.WithCancel(context.Background())
 	return &Egress{
-		opts:      opts,
-		realClock: realClock,
-		stats:     stats.NewListener("egress", opts.Metrics),
-		pools:     connpool.NewSet(opts.Clock, 0),
-		tlsBase:   base,
-		tunnels:   tunnels{open: map[*tunnel]struct{}{}},
+		drainCtx:    drainCtx,
+		cancelDrain: cancel,
+		opts:        opts,
+		realClock:   realClock,
+		stats:       stats.NewListener("egress", opts.Metrics),
+		pools:       connpool.NewSet(opts.Clock, 0),
+		tlsBase:     base,
+		tunnels:     tunnels{open: map[*tunnel]struct{}{}},
 	}
 }
 
@@ -122,7 +128,8 @@ func (e *Egress) Apply(ctx context.Context, c *governor.Controls) error {
 		old := e.ln
 		e.ln, e.addr = ln, eg.HTTPListen
 		if old != nil {
-			go drain(old, e.opts.Log)
+			e.drains.Add(1)
+			go func() { defer e.drains.Done(); drain(e.drainCtx, old, e.opts.Log) }()
 		}
 	}
 	tb.self = e.ln.Addr().String()
@@ -131,8 +138,8 @@ func (e *Egress) Apply(ctx context.Context, c *governor.Controls) error {
 	return nil
 }
 
-func drain(ln *listener.Listener, log *slog.Logger) {
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+func drain(parent context.Context, ln *listener.Listener, log *slog.Logger) {
+	ctx, cancel := context.WithTimeout(parent, 30*time.Second)
 	defer cancel()
 	if err := ln.Shutdown(ctx); err != nil {
 		log.Warn("egress: old listener drained with errors", "err", err)
@@ -158,6 +165,7 @@ func (e *Egress) Shutdown(ctx context.Context) error {
 	}
 	e.shutdown = true
 	err := e.stopLocked(ctx)
+	listener.WaitDrains(ctx, &e.drains, e.cancelDrain)
 	if terr := e.tunnels.drain(ctx); err == nil {
 		err = terr
 	}

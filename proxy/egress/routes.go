@@ -80,7 +80,7 @@ func (e *Egress) build(c *governor.Controls) (*table, error) {
 			tb.fixedPools["t:"+pt.Name] = true
 		}
 		for _, h := range pt.Hosts {
-			key, err := hostKey(h)
+			key, err := httpwire.HostKey(h)
 			if err != nil {
 				return nil, fmt.Errorf("egress: target %s: %w", pt.Name, err)
 			}
@@ -116,30 +116,6 @@ func (e *Egress) fixUpstream(r *route, name, upstream string) error {
 	// Unchanged settings get the same pool back, connections and all.
 	r.fixed = e.pools.Pool("t:"+name, cfg)
 	return nil
-}
-
-// hostKey normalises a targets[].hosts entry the way requests are
-// normalised: lower case, IPv6 in brackets, the port kept when given.
-func hostKey(h string) (string, error) {
-	host, port := h, ""
-	if hh, p, err := net.SplitHostPort(h); err == nil {
-		host, port = hh, p
-	}
-	if strings.Contains(host, ":") {
-		host = "[" + host + "]"
-	}
-	authority := host
-	if port != "" {
-		authority += ":" + port
-	}
-	out, n, ok := httpwire.AppendHostPort(nil, []byte(authority), "1")
-	if !ok {
-		return "", fmt.Errorf("host %q cannot be matched", h)
-	}
-	if port == "" {
-		return string(out[:n]), nil
-	}
-	return string(out), nil
 }
 
 // pool returns the connection pool for a request to hostport over scheme

@@ -2,7 +2,10 @@ package httpwire
 
 import (
 	"bytes"
+	"fmt"
+	"net"
 	"net/netip"
+	"strings"
 )
 
 // SplitAbsoluteForm splits an absolute-form request target
@@ -132,4 +135,30 @@ func appendLower(dst, b []byte) []byte {
 // sub-delims RFC 3986 allows in a reg-name never name a routable host.
 func isHostByte(c byte) bool {
 	return 'a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || c == '.' || c == '-' || c == '_'
+}
+
+// HostKey normalises a targets[].hosts entry the way AppendHostPort
+// normalises requests, so the two can be compared as strings: lower case,
+// IPv6 in brackets, "host:port" when the entry names a port (it matches
+// that port only), "host" otherwise (any port).
+func HostKey(entry string) (string, error) {
+	host, port := entry, ""
+	if h, p, err := net.SplitHostPort(entry); err == nil {
+		host, port = h, p
+	}
+	if strings.Contains(host, ":") && !strings.HasPrefix(host, "[") {
+		host = "[" + host + "]"
+	}
+	authority := host
+	if port != "" {
+		authority += ":" + port
+	}
+	out, n, ok := AppendHostPort(nil, []byte(authority), "1")
+	if !ok {
+		return "", fmt.Errorf("host %q cannot be matched against requests", entry)
+	}
+	if port == "" {
+		return string(out[:n]), nil
+	}
+	return string(out), nil
 }

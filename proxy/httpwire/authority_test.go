@@ -156,3 +156,20 @@ func TestRequestIDs(t *testing.T) {
 		t.Fatalf("two generators start alike: %q", a)
 	}
 }
+
+func TestHostKey(t *testing.T) {
+	for entry, want := range map[string]string{
+		"API.Stripe.com":      "api.stripe.com",
+		"api.stripe.com:8443": "api.stripe.com:8443",
+		"[::1]:7":             "[::1]:7",
+		"::1":                 "[::1]",
+		"10.0.0.1":            "10.0.0.1",
+	} {
+		if got, err := HostKey(entry); err != nil || got != want {
+			t.Errorf("HostKey(%q) = %q, %v; want %q", entry, got, err, want)
+		}
+	}
+	if _, err := HostKey("a b"); err == nil {
+		t.Error("HostKey accepted a bad host")
+	}
+}

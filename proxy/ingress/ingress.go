@@ -53,12 +53,15 @@ type Ingress struct {
 	rt    atomic.Pointer[policyState]
 	mount atomic.Pointer[mount]
 
-	mu         sync.Mutex // serialises Apply and Shutdown
-	ln         *listener.Listener
-	addr       string
-	shutdown   bool
-	workerURL  string
-	workerConf connpool.Config // kept so an unchanged worker keeps its pool
+	drains      sync.WaitGroup // replaced listeners still draining
+	drainCtx    context.Context
+	cancelDrain context.CancelFunc
+	mu          sync.Mutex // serialises Apply and Shutdown
+	ln          *listener.Listener
+	addr        string
+	shutdown    bool
+	workerURL   string
+	workerConf  connpool.Config // kept so an unchanged worker keeps its pool
 }
 
 // policyState is what one policy decides for the request path, swapped whole
@@ -85,12 +88,15 @@ func New(opts Options) *Ingress {
 		opts.Log = slog.Default()
 	}
 	_, realClock := opts.Clock.(clock.Real)
+	drainCtx, cancel := context.WithCancel(context.Background())
 	return &Ingress{
-		opts:      opts,
-		realClock: realClock,
-		ids:       httpwire.NewRequestIDs(),
-		stats:     stats.NewListener("ingress", opts.Metrics),
-		pools:     connpool.NewSet(opts.Clock, 0),
+		drainCtx:    drainCtx,
+		cancelDrain: cancel,
+		opts:        opts,
+		realClock:   realClock,
+		ids:         httpwire.NewRequestIDs(),
+		stats:       stats.NewListener("ingress", opts.Metrics),
+		pools:       connpool.NewSet(opts.Clock, 0),
 	}
 }
 
@@ -164,7 +170,8 @@ func (g *Ingress) Apply(ctx context.Context, c *governor.Controls) error {
 		old := g.ln
 		g.ln, g.addr = ln, in.Listen
 		if old != nil {
-			go drain(old, g.opts.Log)
+			g.drains.Add(1)
+			go func() { defer g.drains.Done(); drain(g.drainCtx, old, g.opts.Log) }()
 		}
 	}
 	g.rt.Store(rt)
@@ -173,9 +180,9 @@ func (g *Ingress) Apply(ctx context.Context, c *governor.Controls) error {
 }
 
 // drain shuts a replaced listener down in the background with a bounded
-// grace, so a reload never waits for long requests.
-func drain(ln *listener.Listener, log *slog.Logger) {
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+// grace, so a reload never waits for long requests; Shutdown waits for it.
+func drain(parent context.Context, ln *listener.Listener, log *slog.Logger) {
+	ctx, cancel := context.WithTimeout(parent, 30*time.Second)
 	defer cancel()
 	if err := ln.Shutdown(ctx); err != nil {
 		log.Warn("ingress: old listener drained with errors", "err", err)
@@ -225,6 +232,7 @@ func (g *Ingress) Shutdown(ctx context.Context) error {
 	}
 	g.shutdown = true
 	err := g.stopLocked(ctx)
+	listener.WaitDrains(ctx, &g.drains, g.cancelDrain)
 	g.pools.Close()
 	return err
 }

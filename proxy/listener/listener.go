@@ -64,6 +64,9 @@ func (l *Listener) connState(c net.Conn, st fasthttp.ConnState) {
 // then closes every connection left.
 func (l *Listener) Shutdown(ctx context.Context) error {
 	err := l.srv.ShutdownWithContext(ctx)
+	// fasthttp's Shutdown does nothing when Serve has not registered the
+	// listener yet; closing it here makes Serve return in every case.
+	_ = l.ln.Close()
 	if err != nil {
 		// The grace period is over: what is still open is cut.
 		l.mu.Lock()
@@ -74,4 +77,18 @@ func (l *Listener) Shutdown(ctx context.Context) error {
 	}
 	<-l.done
 	return err
+}
+
+// WaitDrains waits for the background drains of replaced listeners until
+// ctx ends, then cancels them (cutting what they still serve) and waits for
+// them to return.
+func WaitDrains(ctx context.Context, wg *sync.WaitGroup, cancel context.CancelFunc) {
+	done := make(chan struct{})
+	go func() { wg.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-ctx.Done():
+	}
+	cancel()
+	<-done
 }

@@ -127,15 +127,16 @@ func Unlisted(ctx *fasthttp.RequestCtx, host []byte) {
 	ctx.Response.SetBodyRaw(body)
 }
 
-// Error writes status with {"error":msg}. For 400s it also closes the
-// connection: after a request whose framing was refused, nothing else on
-// the connection can be trusted.
+// Error writes status with {"error":msg}. For 400 and 413 it also closes
+// the connection: after a request whose framing was refused nothing else
+// on the connection can be trusted, and a body too large to accept is not
+// worth reading to its end just to keep the connection.
 func Error(ctx *fasthttp.RequestCtx, status int, msg string) {
 	begin(ctx, status, "")
 	body := append(make([]byte, 0, 64+len(msg)), `{"error":`...)
 	body = strconv.AppendQuote(body, msg)
 	ctx.Response.SetBodyRaw(append(body, '}'))
-	if status == fasthttp.StatusBadRequest {
+	if status == fasthttp.StatusBadRequest || status == fasthttp.StatusRequestEntityTooLarge {
 		ctx.SetConnectionClose()
 	}
 }

@@ -83,6 +83,8 @@ type Target struct {
 	// codes caches the requests_total child per status code; codes outside
 	// 100-599 share the last slot under the label "other".
 	codes [501]atomic.Pointer[counter]
+	// grpc caches the children per gRPC status code (0-16, then "other").
+	grpc [18]atomic.Pointer[counter]
 }
 
 type counter struct{ c prometheus.Counter }
@@ -120,6 +122,29 @@ func (t *Target) Count(code int) {
 		t.codes[i].Store(c)
 	}
 	c.c.Inc()
+}
+
+// DoneGRPC records one RPC that ended with gRPC status code after running
+// since start; the code label is the status number ("0", "14").
+func (t *Target) DoneGRPC(code int, start time.Time) {
+	if t.l.m == nil {
+		return
+	}
+	i := code
+	if i < 0 || i >= len(t.grpc)-1 {
+		i = len(t.grpc) - 1
+	}
+	c := t.grpc[i].Load()
+	if c == nil {
+		label := "other"
+		if i != len(t.grpc)-1 {
+			label = strconv.Itoa(code)
+		}
+		c = &counter{t.l.m.Requests.WithLabelValues(t.l.name, t.name, label)}
+		t.grpc[i].Store(c)
+	}
+	c.c.Inc()
+	t.duration.Observe(time.Since(start).Seconds())
 }
 
 // Retry counts one retry of this target (warden_retries_total).
