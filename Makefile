@@ -4,7 +4,10 @@ POLICY   ?= policies.example.yaml
 DATA_DIR ?= ./data
 FUZZTIME ?= 10s
 # Packages with fuzz targets and the targets to run briefly on every test run.
-FUZZ     := ./policy:FuzzParse
+FUZZ     := ./policy:FuzzParse \
+            ./proxy/httpwire:FuzzScanRequestHeaders ./proxy/httpwire:FuzzStripRequest \
+            ./proxy/httpwire:FuzzAuthority ./proxy/httpwire:FuzzSplitAbsoluteForm \
+            ./connpool:FuzzChunkedReader ./proxy/grpcegress:FuzzServiceOf
 
 .PHONY: run build test test-unit fuzz lint vet fmt-check bench-limits bench-proxy bench-scheduler bench-bridge bench-rls clean
 
@@ -41,6 +44,16 @@ bench-limits:
 	@mkdir -p bench/out
 	$(GO) test -run='^$$' -bench=. -benchmem -cpu=1,2 -count=1 ./bench/limits/ | tee bench/out/limits.txt
 	$(GO) run ./bench/cmd/benchtab limits < bench/out/limits.txt
+
+# The data plane against nginx and HAProxy (installed when missing), plus
+# the allocations per proxied request from the handler benchmarks.
+bench-proxy:
+	@mkdir -p bench/out
+	@command -v nginx >/dev/null 2>&1 || DEBIAN_FRONTEND=noninteractive apt-get install -y nginx >/dev/null || echo "nginx missing: its row stays empty"
+	@command -v haproxy >/dev/null 2>&1 || DEBIAN_FRONTEND=noninteractive apt-get install -y haproxy >/dev/null || echo "haproxy missing: its row stays empty"
+	$(GO) build -o bin/warden ./cmd/warden
+	$(GO) test -run='^$$' -bench='IngressHandler|EgressHandler' -benchmem -count=1 ./proxy/ingress ./proxy/egress | tee bench/out/proxy-allocs.txt
+	$(GO) run ./bench/cmd/benchproxy -warden bin/warden -out bench/out
 
 clean:
 	rm -rf bin bench/out

@@ -27,6 +27,8 @@ type Upstream struct {
 	handler atomic.Pointer[fasthttp.RequestHandler]
 	mu      sync.Mutex
 	paths   []string
+	// NoPaths stops recording paths (benchmarks: recording allocates).
+	NoPaths atomic.Bool
 }
 
 // StartUpstream serves h on 127.0.0.1 until the test ends. Request bodies
@@ -43,9 +45,11 @@ func StartUpstream(t testing.TB, h fasthttp.RequestHandler) *Upstream {
 	u.Srv = &fasthttp.Server{
 		Handler: func(ctx *fasthttp.RequestCtx) {
 			u.Requests.Add(1)
-			u.mu.Lock()
-			u.paths = append(u.paths, string(ctx.Path()))
-			u.mu.Unlock()
+			if !u.NoPaths.Load() {
+				u.mu.Lock()
+				u.paths = append(u.paths, string(ctx.Path()))
+				u.mu.Unlock()
+			}
 			n := u.InFlight.Add(1)
 			for p := u.Peak.Load(); n > p && !u.Peak.CompareAndSwap(p, n); p = u.Peak.Load() {
 			}
