@@ -94,6 +94,9 @@ func TestBreakerSingleProbe(t *testing.T) {
 	expectOpen(t, f, up, "5")
 	f.clk.Advance(5 * time.Second)
 	gate := make(chan struct{})
+	var once sync.Once
+	open := func() { once.Do(func() { close(gate) }) }
+	defer open()
 	up.gate.Store(&gate)
 	up.status.Store(200)
 	before := up.Requests.Load()
@@ -118,7 +121,7 @@ func TestBreakerSingleProbe(t *testing.T) {
 	if n := up.Requests.Load() - before; n != 1 {
 		t.Fatalf("%d probes reached the upstream, want exactly 1", n)
 	}
-	close(gate)
+	open()
 	wg.Wait()
 	up.gate.Store(nil)
 	if ok.Load() != 1 || other.Load() != 0 {

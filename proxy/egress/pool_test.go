@@ -2,6 +2,7 @@ package egress
 
 import (
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -10,12 +11,17 @@ import (
 	"github.com/warden-dev/warden/internal/fasttest"
 )
 
-func poolFixture(t *testing.T, pool string) (*fixture, *fasttest.Upstream, chan struct{}) {
+// poolFixture's upstream holds every request until open is called (at the
+// latest when the test ends, so a failing test cannot hang its cleanup).
+func poolFixture(t *testing.T, pool string) (f *fixture, up *fasttest.Upstream, open func()) {
 	gate := make(chan struct{})
-	up := fasttest.StartUpstream(t, func(ctx *fasthttp.RequestCtx) { <-gate })
+	var once sync.Once
+	open = func() { once.Do(func() { close(gate) }) }
+	up = fasttest.StartUpstream(t, func(ctx *fasthttp.RequestCtx) { <-gate })
+	t.Cleanup(open)
 	yaml := egressPolicy("  allow_unlisted: false", "targets:\n"+target("api", []string{"api.test"}, "http://"+up.Addr, "pools: [p]")+
 		"pools:\n  p: "+pool+"\n")
-	return start(t, yaml, nil), up, gate
+	return start(t, yaml, nil), up, open
 }
 
 func queued(f *fixture) float64 { return fasttest.Value(f.gov.Metrics.PoolQueued.WithLabelValues("p")) }
@@ -23,13 +29,13 @@ func queued(f *fixture) float64 { return fasttest.Value(f.gov.Metrics.PoolQueued
 // TestPoolConcurrency: with concurrency 2 the upstream never has more than
 // two requests in flight; the rest wait in the pool's queue and all finish.
 func TestPoolConcurrency(t *testing.T) {
-	f, up, gate := poolFixture(t, "{ concurrency: 2, queue: 100, max_wait: 30s }")
+	f, up, open := poolFixture(t, "{ concurrency: 2, queue: 100, max_wait: 30s }")
 	var results []<-chan reply
 	for range 10 {
 		results = append(results, f.goDo("GET", "http://api.test/", nil))
 	}
 	fasttest.WaitFor(t, "2 in flight and 8 queued", func() bool { return up.InFlight.Load() == 2 && queued(f) == 8 })
-	close(gate)
+	open()
 	for _, ch := range results {
 		if r := <-ch; r.status != 200 {
 			t.Fatalf("queued request got %+v", r)
@@ -42,11 +48,11 @@ func TestPoolConcurrency(t *testing.T) {
 
 func TestPoolRefusals(t *testing.T) {
 	t.Run("queue full", func(t *testing.T) {
-		f, up, gate := poolFixture(t, "{ concurrency: 1, queue: 1, max_wait: 30s }")
+		f, up, open := poolFixture(t, "{ concurrency: 1, queue: 1, max_wait: 30s }")
 		a, b := f.goDo("GET", "http://api.test/", nil), f.goDo("GET", "http://api.test/", nil)
 		fasttest.WaitFor(t, "one in flight, one queued", func() bool { return up.InFlight.Load() == 1 && queued(f) == 1 })
 		r := f.do(t, "GET", "http://api.test/", nil)
-		close(gate)
+		open()
 		<-a
 		<-b
 		if r.status != 429 || r.header.Get("X-Warden-Control") != "pool_queue" || r.header.Get("Retry-After") != "1" ||
@@ -58,9 +64,9 @@ func TestPoolRefusals(t *testing.T) {
 		}
 	})
 	t.Run("max_wait", func(t *testing.T) {
-		f, up, gate := poolFixture(t, "{ concurrency: 1, queue: 5, max_wait: 2s }")
+		f, up, open := poolFixture(t, "{ concurrency: 1, queue: 5, max_wait: 2s }")
 		first := f.goDo("GET", "http://api.test/", nil)
-		defer func() { close(gate); <-first }()
+		defer func() { open(); <-first }()
 		fasttest.WaitFor(t, "one in flight", func() bool { return up.InFlight.Load() == 1 })
 		done := f.goDo("GET", "http://api.test/", nil)
 		fasttest.WaitFor(t, "one queued", func() bool { return queued(f) == 1 })
@@ -71,8 +77,8 @@ func TestPoolRefusals(t *testing.T) {
 		}
 	})
 	t.Run("rate", func(t *testing.T) {
-		f, _, gate := poolFixture(t, "{ rate: 2, window: 60 }")
-		close(gate)
+		f, _, open := poolFixture(t, "{ rate: 2, window: 60 }")
+		open()
 		for range 2 {
 			if r := f.do(t, "GET", "http://api.test/", nil); r.status != 200 {
 				t.Fatal(r)

@@ -378,6 +378,9 @@ func TestMountBodyLimit(t *testing.T) {
 
 func TestGracefulDrain(t *testing.T) {
 	release := make(chan struct{})
+	var once sync.Once
+	unblock := func() { once.Do(func() { close(release) }) }
+	defer unblock()
 	entered := make(chan struct{})
 	f := start(t, "", func(ctx *fasthttp.RequestCtx) {
 		close(entered)
@@ -415,7 +418,7 @@ func TestGracefulDrain(t *testing.T) {
 		}
 		return err != nil
 	})
-	close(release)
+	unblock()
 	r := <-done
 	if r.err != nil || r.status != 200 || r.body != "finished" {
 		t.Fatalf("in-flight request: %+v", r)
