@@ -58,6 +58,24 @@ var echoDesc = grpc.ServiceDesc{
 		},
 	}},
 	Streams: []grpc.StreamDesc{{
+		StreamName:    "Chat",
+		ServerStreams: true,
+		ClientStreams: true,
+		Handler: func(srv any, stream grpc.ServerStream) error {
+			for {
+				var in []byte
+				if err := stream.RecvMsg(&in); err == io.EOF {
+					return nil
+				} else if err != nil {
+					return err
+				}
+				out := append([]byte("re:"), in...)
+				if err := stream.SendMsg(&out); err != nil {
+					return err
+				}
+			}
+		},
+	}, {
 		StreamName:    "Stream",
 		ServerStreams: true,
 		Handler: func(srv any, stream grpc.ServerStream) error {
@@ -226,6 +244,35 @@ func TestServerStreaming(t *testing.T) {
 	}
 	if tr := stream.Trailer().Get("x-sent"); len(tr) != 1 || tr[0] != "25" {
 		t.Fatalf("stream trailer: %v", stream.Trailer())
+	}
+}
+
+// TestBidiStreaming: each message is answered before the next is sent, so
+// the proxy must pass both directions through at once.
+func TestBidiStreaming(t *testing.T) {
+	_, addr := startEcho(t)
+	f := start(t, grpcPolicy("  allow_unlisted: false", echoTarget(addr, "")))
+	stream, err := f.conn.NewStream(context.Background(), &grpc.StreamDesc{ServerStreams: true, ClientStreams: true}, "/test.v1.Echo/Chat")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range 10 {
+		msg := []byte(fmt.Sprint(i))
+		if err := stream.SendMsg(&msg); err != nil {
+			t.Fatal(err)
+		}
+		var reply []byte
+		if err := stream.RecvMsg(&reply); err != nil {
+			t.Fatal(err)
+		}
+		if string(reply) != fmt.Sprintf("re:%d", i) {
+			t.Fatalf("reply %q to %d", reply, i)
+		}
+	}
+	stream.CloseSend()
+	var extra []byte
+	if err := stream.RecvMsg(&extra); !errors.Is(err, io.EOF) {
+		t.Fatalf("end of stream: %v", err)
 	}
 }
 
