@@ -24,14 +24,19 @@ type Conn struct {
 	br  *bufio.Reader
 	bw  *bufio.Writer
 
-	born     int64 // janitor tick the connection was dialled at
-	idleFrom int64 // janitor tick it last went idle
-	reused   bool  // taken from the idle list rather than dialled for this exchange
+	born     int64     // janitor tick the connection was dialled at
+	idleFrom int64     // janitor tick it last went idle
+	reused   bool      // taken from the idle list rather than dialled for this exchange
+	deadline time.Time // the deadline last set on nc
 }
 
 func (p *Pool) dial(deadline time.Time) (*Conn, error) {
 	if deadline.IsZero() {
-		deadline = time.Now().Add(defaultDialTimeout)
+		timeout := p.cfg.DialTimeout
+		if timeout <= 0 {
+			timeout = defaultDialTimeout
+		}
+		deadline = time.Now().Add(timeout)
 	}
 	d := net.Dialer{Deadline: deadline, KeepAlive: 30 * time.Second}
 	raw, err := d.Dial("tcp", p.cfg.Addr)
@@ -39,6 +44,7 @@ func (p *Pool) dial(deadline time.Time) (*Conn, error) {
 		return nil, wrap(KindDial, "dial", p.cfg.Addr, err)
 	}
 	nc := raw
+	var set time.Time // the deadline left on the connection
 	if p.tls != nil {
 		tc := tls.Client(raw, p.tls)
 		_ = tc.SetDeadline(deadline)
@@ -47,9 +53,10 @@ func (p *Pool) dial(deadline time.Time) (*Conn, error) {
 			return nil, wrap(KindDial, "TLS handshake with", p.cfg.Addr, err)
 		}
 		nc = tc
+		set = deadline
 	}
 	return &Conn{
-		nc: nc, raw: raw,
+		nc: nc, raw: raw, deadline: set,
 		br:   bufio.NewReaderSize(nc, readBufferSize),
 		bw:   bufio.NewWriterSize(nc, writeBufferSize),
 		born: p.set.ticks(),
@@ -67,3 +74,14 @@ func (c *Conn) alive() bool {
 }
 
 func (c *Conn) close() { _ = c.nc.Close() }
+
+// setDeadline bounds the next exchange. Most exchanges on a connection
+// have no deadline (the ingress) or a new one (a target's timeout); the
+// system call is skipped when nothing changes.
+func (c *Conn) setDeadline(t time.Time) error {
+	if t.Equal(c.deadline) {
+		return nil
+	}
+	c.deadline = t
+	return c.nc.SetDeadline(t)
+}

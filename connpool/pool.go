@@ -23,6 +23,9 @@ type Config struct {
 	// IdleTimeout closes connections idle this long; 0 keeps them until
 	// MaxLifetime.
 	IdleTimeout time.Duration
+	// DialTimeout bounds dialling (and the TLS handshake) for an exchange
+	// without deadline; 0 means 10 s.
+	DialTimeout time.Duration
 	// MaxLifetime retires a connection this old when it is next released,
 	// so a changed DNS answer is used by new connections. 0 means
 	// DefaultMaxLifetime.
@@ -35,7 +38,7 @@ const DefaultMaxLifetime = 5 * time.Minute
 
 func (c Config) equal(o Config) bool {
 	return c.Addr == o.Addr && c.TLS == o.TLS && c.ServerName == o.ServerName && c.MaxConns == o.MaxConns &&
-		c.IdleTimeout == o.IdleTimeout && c.MaxLifetime == o.MaxLifetime
+		c.IdleTimeout == o.IdleTimeout && c.MaxLifetime == o.MaxLifetime && c.DialTimeout == o.DialTimeout
 }
 
 // Pool is the connections to one upstream address.

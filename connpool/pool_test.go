@@ -532,3 +532,28 @@ func TestDynamicPoolsAreDropped(t *testing.T) {
 		<-armed
 	}
 }
+
+// TestDeadlineNotLeftOver: a deadline set for one exchange (or for a TLS
+// handshake) must not cut a later exchange on the same connection that
+// has none.
+func TestDeadlineNotLeftOver(t *testing.T) {
+	var slow atomic.Bool
+	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if slow.Load() {
+			time.Sleep(400 * time.Millisecond)
+		}
+		io.WriteString(w, "ok")
+	}))
+	srv.StartTLS()
+	defer srv.Close()
+	cfg := srv.Client().Transport.(*http.Transport).TLSClientConfig
+	p := newSet(t, clock.Real{}).Pool("tls", Config{Addr: srv.Listener.Addr().String(), TLS: cfg, ServerName: "example.com",
+		DialTimeout: 200 * time.Millisecond})
+	if _, _, err := exchange(t, p, &Request{Header: getRequest("x", "/")}); err != nil {
+		t.Fatal(err)
+	}
+	slow.Store(true)
+	if _, body, err := exchange(t, p, &Request{Header: getRequest("x", "/")}); err != nil || string(body) != "ok" {
+		t.Fatalf("exchange without deadline after one with: %q %v", body, err)
+	}
+}

@@ -50,7 +50,7 @@ func (p *Pool) Do(req *Request, resp *fasthttp.Response, fin Finisher) (streamed
 	if err != nil {
 		return false, err
 	}
-	if err := c.nc.SetDeadline(req.Deadline); err != nil {
+	if err := c.setDeadline(req.Deadline); err != nil {
 		p.discard(c)
 		return false, wrap(KindUpstream, "set deadline on", p.cfg.Addr, err)
 	}

@@ -78,7 +78,9 @@ func (e *Egress) exchange(ctx *fasthttp.RequestCtx, x *exchange, pool *connpool.
 	}
 	retryable = retryable && buffered
 	if r.Timeout > 0 {
-		x.req.Deadline = time.Now().Add(r.Timeout)
+		// From the request's arrival: the timeout bounds the whole
+		// exchange, waiting in a pool included.
+		x.req.Deadline = x.start.Add(r.Timeout)
 	}
 	if r.Retry != nil {
 		r.Retry.RecordExecution()
