@@ -557,3 +557,27 @@ func TestDeadlineNotLeftOver(t *testing.T) {
 		t.Fatalf("exchange without deadline after one with: %q %v", body, err)
 	}
 }
+
+// TestMaxLifetimeRetires: connections are replaced after MaxLifetime, so
+// a new dial (and a new DNS answer) is used even under steady reuse.
+func TestMaxLifetimeRetires(t *testing.T) {
+	clk := clock.NewFake(time.Unix(1_700_000_000, 0))
+	u := startUpstream(t, func(ctx *fasthttp.RequestCtx) {})
+	p := newSet(t, clk).Pool("t", Config{Addr: u.addr, MaxLifetime: 3 * time.Second})
+	for round := range 3 {
+		// Busy within a tick: the same connection every time.
+		for range 5 {
+			if _, _, err := exchange(t, p, &Request{Header: getRequest(u.addr, "/")}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if n := u.opened.Load(); n != int64(round+1) {
+			t.Fatalf("round %d: %d connections", round, n)
+		}
+		for range 4 {
+			armed := clk.TimerArmed()
+			clk.Advance(time.Second)
+			<-armed
+		}
+	}
+}

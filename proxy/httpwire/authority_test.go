@@ -112,6 +112,21 @@ func FuzzAuthority(f *testing.F) {
 		if u.Port() != "" && u.Port() != port {
 			t.Fatalf("%q → port %q, net/url reads %q", authority, port, u.Port())
 		}
+		// A policy entry written as the request's authority routes it:
+		// HostKey of the entry equals the request's lookup key (host:port
+		// when the entry names a port, else the host).
+		key, err := HostKey(authority)
+		if err != nil {
+			t.Fatalf("request authority %q accepted, policy entry refused: %v", authority, err)
+		}
+		if want := string(out[:n]); u.Port() != "" {
+			want = string(out)
+			if key != want {
+				t.Fatalf("entry %q → key %q, request → %q", authority, key, want)
+			}
+		} else if key != want {
+			t.Fatalf("entry %q → key %q, request host → %q", authority, key, want)
+		}
 	})
 }
 
