@@ -37,6 +37,7 @@ type Config struct {
 // Result is what a run measured, over the measured window only.
 type Result struct {
 	Requests   uint64 // answered with 2xx within the window
+	Total      uint64 // answered with 2xx, warm-up included
 	Errors     uint64 // transport errors and non-2xx answers
 	Elapsed    time.Duration
 	RPS        float64
@@ -88,6 +89,7 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 	for i := range workers {
 		w := &workers[i]
 		res.Requests += w.ok
+		res.Total += w.all
 		res.Errors += w.errs
 		res.Latency.Merge(&w.hist)
 		if res.FirstError == "" {
@@ -113,6 +115,7 @@ type worker struct {
 
 	hist     Histogram
 	ok, errs uint64
+	all      uint64 // 2xx answers, warm-up included
 	firstErr string
 }
 
@@ -158,6 +161,9 @@ func (w *worker) run(ctx context.Context) {
 		if w.interval > 0 {
 			w.next = w.next.Add(w.interval)
 			behind = done.After(w.next)
+		}
+		if err == nil && resp.StatusCode() >= 200 && resp.StatusCode() <= 299 {
+			w.all++
 		}
 		if sent.Before(w.from) || done.After(w.end) {
 			continue // warm-up, or past the window

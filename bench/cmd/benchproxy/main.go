@@ -38,6 +38,10 @@ func main() {
 		serveUpstream(os.Args[2])
 		return
 	}
+	if len(os.Args) > 3 && os.Args[1] == "floor" {
+		serveFloor(os.Args[2], os.Args[3])
+		return
+	}
 	var o options
 	flag.StringVar(&o.warden, "warden", "bin/warden", "warden binary")
 	flag.StringVar(&o.out, "out", "bench/out", "directory for configs, logs and results")
@@ -76,9 +80,31 @@ func serveUpstream(addr string) {
 	}
 }
 
+// serveFloor is the least a Go proxy on fasthttp can do: a server whose
+// handler passes the request to a HostClient and the response back, with
+// no checks, controls or metrics. Its row shows how much of warden's cost
+// is the runtime and library floor rather than warden's own work.
+func serveFloor(listen, upstream string) {
+	hc := &fasthttp.HostClient{Addr: upstream, MaxIdemponentCallAttempts: 1}
+	s := &fasthttp.Server{
+		Handler: func(ctx *fasthttp.RequestCtx) {
+			if err := hc.Do(&ctx.Request, &ctx.Response); err != nil {
+				ctx.Error(err.Error(), fasthttp.StatusBadGateway)
+			}
+		},
+		NoDefaultServerHeader: true,
+		NoDefaultDate:         true,
+	}
+	if err := s.ListenAndServe(listen); err != nil {
+		fmt.Fprintln(os.Stderr, "floor:", err)
+		os.Exit(1)
+	}
+}
+
 // path is one way to reach the upstream.
 type path struct {
 	name, addr string
+	pid        int    // the process whose CPU the path costs (the proxy; the upstream for direct)
 	missing    string // why it was not measured
 }
 
@@ -90,7 +116,7 @@ func run(o options) error {
 	if err := os.MkdirAll(out, 0o755); err != nil {
 		return err
 	}
-	ports := freePorts(6)
+	ports := freePorts(10)
 	upAddr := ports[0]
 	var procs []*proc
 	defer func() {
@@ -99,24 +125,48 @@ func run(o options) error {
 		}
 	}()
 	self, _ := os.Executable()
-	up, err := start(out, "upstream", self, "upstream", upAddr)
+	up, err := start(out, "upstream", nil, self, "upstream", upAddr)
 	if err != nil {
 		return err
 	}
 	procs = append(procs, up)
-	paths := []path{{name: "direct", addr: upAddr}}
+	paths := []path{{name: "direct", addr: upAddr, pid: up.cmd.Process.Pid}}
 
 	wardenPolicy := filepath.Join(out, "warden.yaml")
 	ingress, egress, admin := ports[1], ports[2], ports[3]
 	if err := os.WriteFile(wardenPolicy, []byte(fmt.Sprintf(wardenYAML, admin, ingress, upAddr, egress, upAddr)), 0o644); err != nil {
 		return err
 	}
-	w, err := start(out, "warden", o.warden, "run", "--policy", wardenPolicy, "--data-dir", filepath.Join(out, "warden-data"), "--log-level", "warn")
+	w, err := start(out, "warden", nil, o.warden, "run", "--policy", wardenPolicy, "--data-dir", filepath.Join(out, "warden-data"), "--log-level", "warn")
 	if err != nil {
 		return err
 	}
 	procs = append(procs, w)
-	paths = append(paths, path{name: "warden ingress", addr: ingress}, path{name: "warden egress", addr: egress})
+	wpid := w.cmd.Process.Pid
+	paths = append(paths, path{name: "warden ingress", addr: ingress, pid: wpid}, path{name: "warden egress", addr: egress, pid: wpid})
+
+	// The same warden on one P (GOMAXPROCS=1): on a machine this small,
+	// shared with the generator and the upstream, it shows what the Go
+	// scheduler's idle-P spinning and thread wake-ups cost.
+	onePolicy := filepath.Join(out, "warden-1p.yaml")
+	ingress1, egress1, admin1 := ports[6], ports[7], ports[8]
+	if err := os.WriteFile(onePolicy, []byte(fmt.Sprintf(wardenYAML, admin1, ingress1, upAddr, egress1, upAddr)), 0o644); err != nil {
+		return err
+	}
+	w1, err := start(out, "warden-1p", []string{"GOMAXPROCS=1"}, o.warden, "run", "--policy", onePolicy, "--data-dir", filepath.Join(out, "warden-1p-data"), "--log-level", "warn")
+	if err != nil {
+		return err
+	}
+	procs = append(procs, w1)
+	w1pid := w1.cmd.Process.Pid
+	paths = append(paths, path{name: "warden ingress 1P", addr: ingress1, pid: w1pid}, path{name: "warden egress 1P", addr: egress1, pid: w1pid})
+
+	floor, err := start(out, "floor", nil, self, "floor", ports[9], upAddr)
+	if err != nil {
+		return err
+	}
+	procs = append(procs, floor)
+	paths = append(paths, path{name: "fasthttp floor", addr: ports[9], pid: floor.cmd.Process.Pid})
 
 	nginxPath := path{name: "nginx", addr: ports[4]}
 	if bin, err := exec.LookPath("nginx"); err != nil {
@@ -128,11 +178,12 @@ func run(o options) error {
 		if err := os.WriteFile(conf, []byte(fmt.Sprintf(nginxConf, dir, dir, upAddr, nginxPath.addr)), 0o644); err != nil {
 			return err
 		}
-		p, err := start(out, "nginx", bin, "-p", dir+"/", "-c", conf, "-e", "stderr", "-g", "daemon off;")
+		p, err := start(out, "nginx", nil, bin, "-p", dir+"/", "-c", conf, "-e", "stderr", "-g", "daemon off;")
 		if err != nil {
 			nginxPath.missing = err.Error()
 		} else {
 			procs = append(procs, p)
+			nginxPath.pid = p.cmd.Process.Pid
 		}
 	}
 	haPath := path{name: "haproxy", addr: ports[5]}
@@ -143,11 +194,12 @@ func run(o options) error {
 		if err := os.WriteFile(conf, []byte(fmt.Sprintf(haproxyCfg, haPath.addr, upAddr)), 0o644); err != nil {
 			return err
 		}
-		p, err := start(out, "haproxy", bin, "-f", conf, "-db")
+		p, err := start(out, "haproxy", nil, bin, "-f", conf, "-db")
 		if err != nil {
 			haPath.missing = err.Error()
 		} else {
 			procs = append(procs, p)
+			haPath.pid = p.cmd.Process.Pid
 		}
 	}
 	paths = append(paths, nginxPath, haPath)
@@ -226,13 +278,15 @@ type proc struct {
 	done chan struct{}
 }
 
-// start runs a process with its output in out/<name>.log.
-func start(out, name, bin string, args ...string) (*proc, error) {
+// start runs a process with its output in out/<name>.log; env is added
+// to this process's environment.
+func start(out, name string, env []string, bin string, args ...string) (*proc, error) {
 	log, err := os.Create(filepath.Join(out, name+".log"))
 	if err != nil {
 		return nil, err
 	}
 	cmd := exec.Command(bin, args...)
+	cmd.Env = append(os.Environ(), env...)
 	cmd.Stdout, cmd.Stderr = log, log
 	if err := cmd.Start(); err != nil {
 		log.Close()
@@ -306,6 +360,7 @@ func load(o options, addr string, rate float64) (*loadgen.Result, error) {
 // row is one path's figures in one round.
 type row struct {
 	rps              float64
+	cpu              time.Duration // the path's process CPU per request at saturation
 	rate             float64       // the half-saturation rate of the latency run
 	p50, p99, p999   time.Duration // at that rate
 	d50, d99, d999   time.Duration // direct, at the same rate, just before
@@ -318,8 +373,11 @@ func measure(o options, out string, paths []path) error {
 	results := make([][]row, len(paths)) // [path][round]
 	logf, _ := os.Create(filepath.Join(out, "proxy-rounds.txt"))
 	defer logf.Close()
-	fmt.Printf("bench-proxy: %d rounds, %d connections, %v per run (+%v warm-up), GOMAXPROCS %d, %d CPUs\n",
-		o.rounds, o.conc, o.dur, o.warmup, runtime.GOMAXPROCS(0), runtime.NumCPU())
+	fmt.Printf("bench-proxy: %d rounds, %d connections, %v per run (+%v warm-up), %d CPUs shared by generator, upstream and proxies\n",
+		o.rounds, o.conc, o.dur, o.warmup, runtime.NumCPU())
+	fmt.Println("nginx: 2 workers, HTTP/1.1 keep-alive to the upstream (keepalive 128); HAProxy: nbthread 2, keep-alive and http-reuse always;")
+	fmt.Println("warden: GOMAXPROCS 2 (rows marked 1P: a second warden with GOMAXPROCS=1); egress with tenant cap, breaker and pool on;")
+	fmt.Println("fasthttp floor: a bare fasthttp server + HostClient proxy, no checks or controls (the Go floor)")
 	for round := range o.rounds {
 		for i, p := range paths {
 			r := row{}
@@ -327,7 +385,11 @@ func measure(o options, out string, paths []path) error {
 				results[i] = append(results[i], r)
 				continue
 			}
+			cpu0 := cpuTime(p.pid)
 			res, err := load(o, p.addr, 0)
+			if err == nil && res.Total > 0 {
+				r.cpu = (cpuTime(p.pid) - cpu0) / time.Duration(res.Total)
+			}
 			if err != nil {
 				r.failed, r.err = true, err.Error()
 				results[i] = append(results[i], r)
@@ -336,7 +398,7 @@ func measure(o options, out string, paths []path) error {
 			}
 			r.rps, r.measured = res.RPS, true
 			r.sat50, r.sat99 = res.Latency.Quantile(0.5), res.Latency.Quantile(0.99)
-			fmt.Fprintf(logf, "round %d %-15s saturation %8.0f req/s p50 %v p99 %v\n", round+1, p.name, r.rps, r.sat50, r.sat99)
+			fmt.Fprintf(logf, "round %d %-15s saturation %8.0f req/s p50 %v p99 %v cpu/req %v\n", round+1, p.name, r.rps, r.sat50, r.sat99, r.cpu)
 			results[i] = append(results[i], r)
 		}
 		// Latency at half of each proxy's own saturation, beside the
@@ -387,26 +449,31 @@ func median[T int64 | float64 | time.Duration](rows []row, f func(row) T) (T, in
 
 func us(d time.Duration) string { return fmt.Sprintf("%.0fµs", float64(d)/1e3) }
 
+func us1(d time.Duration) string { return fmt.Sprintf("%.1fµs", float64(d)/1e3) }
+
 func render(paths []path, results [][]row) string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "\n%-15s %11s %10s %9s %9s %9s   %s\n", "path", "req/s", "rate", "+p50", "+p99", "+p99.9", "(saturation req/s; added latency vs direct at half of that path's saturation; medians)")
+	fmt.Fprintf(&b, "\n%-18s %11s %9s %10s %9s %9s %9s\n", "path", "req/s", "CPU/req", "rate", "+p50", "+p99", "+p99.9")
 	rps := map[string]float64{}
+	cpu := map[string]time.Duration{}
 	added99 := map[string]time.Duration{}
 	for i, p := range paths {
 		if p.missing != "" {
-			fmt.Fprintf(&b, "%-15s %s\n", p.name, "not measured: "+p.missing)
+			fmt.Fprintf(&b, "%-18s %s\n", p.name, "not measured: "+p.missing)
 			continue
 		}
 		sat, n := median(results[i], func(r row) float64 { return r.rps })
 		if n == 0 {
-			fmt.Fprintf(&b, "%-15s failed: %s\n", p.name, results[i][0].err)
+			fmt.Fprintf(&b, "%-18s failed: %s\n", p.name, results[i][0].err)
 			continue
 		}
 		rps[p.name] = sat
+		c, _ := median(results[i], func(r row) time.Duration { return r.cpu })
+		cpu[p.name] = c
 		if i == 0 {
 			s50, _ := median(results[i], func(r row) time.Duration { return r.sat50 })
 			s99, _ := median(results[i], func(r row) time.Duration { return r.sat99 })
-			fmt.Fprintf(&b, "%-15s %11.0f %10s %9s %9s %9s   (baseline; at saturation p50 %s p99 %s)\n", p.name, sat, "-", "-", "-", "-", us(s50), us(s99))
+			fmt.Fprintf(&b, "%-18s %11.0f %9s %10s %9s %9s %9s   (upstream alone; at saturation p50 %s p99 %s)\n", p.name, sat, us1(c), "-", "-", "-", "-", us(s50), us(s99))
 			continue
 		}
 		rate, _ := median(results[i], func(r row) float64 { return r.rate })
@@ -414,18 +481,32 @@ func render(paths []path, results [][]row) string {
 		a99, _ := median(results[i], func(r row) time.Duration { return r.p99 - r.d99 })
 		a999, _ := median(results[i], func(r row) time.Duration { return r.p999 - r.d999 })
 		added99[p.name] = a99
-		fmt.Fprintf(&b, "%-15s %11.0f %10.0f %9s %9s %9s\n", p.name, sat, rate, us(a50), us(a99), us(a999))
+		fmt.Fprintf(&b, "%-18s %11.0f %9s %10.0f %9s %9s %9s\n", p.name, sat, us1(c), rate, us(a50), us(a99), us(a999))
 	}
-	b.WriteString("\nratios (throughput; added p99):\n")
-	for _, w := range []string{"warden ingress", "warden egress"} {
+	b.WriteString("\nreq/s: closed loop at saturation. CPU/req: the proxy process's CPU per request there (for direct, the\n" +
+		"upstream's). +pNN: latency added over the direct path measured at the same rate, half of that path's\n" +
+		"saturation, open loop. Medians over the rounds.\n")
+	b.WriteString("\nratios (throughput, higher is better; CPU per request, lower is better; added p99):\n")
+	for _, w := range []string{"warden ingress", "warden egress", "warden ingress 1P", "warden egress 1P", "fasthttp floor"} {
 		for _, base := range []string{"nginx", "haproxy"} {
 			if rps[w] == 0 || rps[base] == 0 {
 				continue
 			}
-			fmt.Fprintf(&b, "  %-15s / %-8s throughput %.2fx   added p99 %s vs %s\n", w, base, rps[w]/rps[base], us(added99[w]), us(added99[base]))
+			cpuRatio := "n/a"
+			if cpu[base] > 0 {
+				cpuRatio = fmt.Sprintf("%.2fx", float64(cpu[w])/float64(cpu[base]))
+			}
+			fmt.Fprintf(&b, "  %-18s / %-8s throughput %.2fx   CPU/req %s   added p99 %s vs %s\n", w, base, rps[w]/rps[base], cpuRatio, us(added99[w]), us(added99[base]))
 		}
 	}
-	b.WriteString("\ngoals: warden throughput >= 1.0x haproxy and >= 1.3x nginx; added p99 <= 200µs at half of saturation\n")
+	if f := cpu["fasthttp floor"]; f > 0 {
+		for _, w := range []string{"warden ingress", "warden egress"} {
+			if cpu[w] > 0 {
+				fmt.Fprintf(&b, "  %-18s / fasthttp floor CPU/req %.2fx (warden's own work: %s per request)\n", w, float64(cpu[w])/float64(f), us1(cpu[w]-f))
+			}
+		}
+	}
+	b.WriteString("\ngoals (warden as shipped, GOMAXPROCS=2): throughput >= 1.0x haproxy and >= 1.3x nginx; added p99 <= 200µs at half of saturation\n")
 	for _, w := range []string{"warden ingress", "warden egress"} {
 		if rps[w] == 0 {
 			continue
@@ -436,7 +517,7 @@ func render(paths []path, results [][]row) string {
 			}
 			return "NOT met"
 		}
-		line := fmt.Sprintf("  %-15s", w)
+		line := fmt.Sprintf("  %-18s", w)
 		if rps["haproxy"] > 0 {
 			line += fmt.Sprintf("  vs haproxy %s", check(rps[w] >= rps["haproxy"]))
 		}
