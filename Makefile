@@ -4,7 +4,7 @@ POLICY   ?= policies.example.yaml
 DATA_DIR ?= ./data
 FUZZTIME ?= 10s
 # Packages with fuzz targets and the targets to run briefly on every test run.
-FUZZ     := ./policy:FuzzParse \
+FUZZ     := ./policy:FuzzParse ./governor/bridge:FuzzParseStartup ./governor/bridge:FuzzScanners \
             ./proxy/httpwire:FuzzScanRequestHeaders ./proxy/httpwire:FuzzStripRequest \
             ./proxy/httpwire:FuzzAuthority ./proxy/httpwire:FuzzSplitAbsoluteForm \
             ./connpool:FuzzChunkedReader ./proxy/grpcegress:FuzzServiceOf
@@ -44,6 +44,15 @@ bench-limits:
 	@mkdir -p bench/out
 	$(GO) test -run='^$$' -bench=. -benchmem -cpu=1,2 -count=1 ./bench/limits/ | tee bench/out/limits.txt
 	$(GO) run ./bench/cmd/benchtab limits < bench/out/limits.txt
+
+# pgbench directly, through a warden bridge and through PgBouncer (session
+# mode, same pool size), side by side. BENCH_T=5 BENCH_RUNS=1 for a quick look.
+bench-bridge:
+	@command -v pgbench >/dev/null || (apt-get update -qq && apt-get install -y postgresql-client)
+	@command -v pgbouncer >/dev/null || (apt-get update -qq && apt-get install -y pgbouncer)
+	@mkdir -p bench/out
+	$(GO) test -run='^$$' -bench=RoundTrip -benchmem -cpu=1,2 -count=1 ./governor/bridge/ | tee bench/out/bridge-go.txt
+	$(GO) run ./bench/cmd/benchbridge | tee bench/out/bridge.txt
 
 # The data plane against nginx and HAProxy (installed when missing), plus
 # the allocations per proxied request from the handler benchmarks.

@@ -3,11 +3,20 @@
 // Metrics on its own registry; nothing here is global.
 package metrics
 
-import "github.com/prometheus/client_golang/prometheus"
+import (
+	"sync"
+
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
+)
 
 // Metrics holds the collectors shared by every warden component.
 type Metrics struct {
 	Registry *prometheus.Registry
+
+	hooksMu sync.Mutex
+	hooks   map[int]func()
+	hookSeq int
 
 	Requests        *prometheus.CounterVec   // listener, target, code
 	RequestDuration *prometheus.HistogramVec // listener, target
@@ -123,4 +132,38 @@ func New() *Metrics {
 		f(c)
 	}
 	return m
+}
+
+// OnGather registers f to run before every Gather: for gauges that are
+// cheaper to compute when scraped than to keep current on a hot path. The
+// returned func unregisters it.
+func (m *Metrics) OnGather(f func()) (remove func()) {
+	m.hooksMu.Lock()
+	defer m.hooksMu.Unlock()
+	if m.hooks == nil {
+		m.hooks = map[int]func(){}
+	}
+	m.hookSeq++
+	id := m.hookSeq
+	m.hooks[id] = f
+	return func() {
+		m.hooksMu.Lock()
+		delete(m.hooks, id)
+		m.hooksMu.Unlock()
+	}
+}
+
+// Gather runs the OnGather hooks, then gathers the registry. /metrics
+// serves it (Metrics is a prometheus.Gatherer).
+func (m *Metrics) Gather() ([]*dto.MetricFamily, error) {
+	m.hooksMu.Lock()
+	hooks := make([]func(), 0, len(m.hooks))
+	for _, f := range m.hooks {
+		hooks = append(hooks, f)
+	}
+	m.hooksMu.Unlock()
+	for _, f := range hooks {
+		f()
+	}
+	return m.Registry.Gather()
 }

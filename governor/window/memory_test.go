@@ -217,3 +217,23 @@ func BenchmarkTake100kKeys(b *testing.B) {
 		m.Take(s, keys[i%len(keys)], 1<<62, 1, now)
 	}
 }
+
+// Requests carry the time they arrived; one stamped before a boundary may
+// take the lock after one stamped after it. It must not wind the window back
+// and hand out a second allowance.
+func TestLateStampedTakeDoesNotRewindWindow(t *testing.T) {
+	clk := clock.NewFake(noon)
+	m := NewMemory(clk)
+	s := NewScope("pool", 60)
+	before := noon.Add(59*time.Second + 999*time.Millisecond)
+	after := noon.Add(time.Minute + time.Millisecond)
+	if !m.Take(s, []byte("k"), 2, 1, after).Allowed {
+		t.Fatal("first take in the new window refused")
+	}
+	if !m.Take(s, []byte("k"), 2, 1, before).Allowed {
+		t.Fatal("late-stamped take refused while the new window has room")
+	}
+	if m.Take(s, []byte("k"), 2, 1, after).Allowed {
+		t.Fatal("third take admitted: the late-stamped one rewound the window")
+	}
+}

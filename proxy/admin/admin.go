@@ -64,7 +64,7 @@ func Handler(cfg Config) http.Handler {
 		writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
 	})
 	mux.HandleFunc("GET /readyz", s.readyz)
-	mux.Handle("GET /metrics", promhttp.HandlerFor(cfg.Metrics.Registry, promhttp.HandlerOpts{
+	mux.Handle("GET /metrics", promhttp.HandlerFor(cfg.Metrics, promhttp.HandlerOpts{
 		ErrorLog: slog.NewLogLogger(cfg.Log.Handler(), slog.LevelError),
 	}))
 	mux.HandleFunc("GET /v1/policy", func(w http.ResponseWriter, r *http.Request) {

@@ -54,6 +54,7 @@ type App struct {
 	counter *window.Memory
 
 	components []Component
+	started    chan struct{} // closed once every listener is bound
 
 	reloadMu     sync.Mutex
 	statusMu     sync.Mutex
@@ -85,6 +86,7 @@ func New(opts Options) (*App, error) {
 		clk:     opts.Clock,
 		metrics: metrics.New(),
 		holder:  policy.NewHolder(p),
+		started: make(chan struct{}),
 	}
 	a.counter = window.NewMemory(a.clk)
 	a.gov = governor.New(a.clk, a.metrics, a.counter)
@@ -100,6 +102,9 @@ func (a *App) Governor() *governor.Governor { return a.gov }
 
 // Metrics exposes the metric set.
 func (a *App) Metrics() *metrics.Metrics { return a.metrics }
+
+// Started is closed once Run has bound every listener.
+func (a *App) Started() <-chan struct{} { return a.started }
 
 // AdminAddr is the admin listener's bound address ("" when off).
 func (a *App) AdminAddr() string {
@@ -130,6 +135,7 @@ func (a *App) Run(ctx context.Context, hup <-chan os.Signal) error {
 	}
 	sweep := a.clk.NewTimer(sweepEvery)
 	defer sweep.Stop()
+	close(a.started)
 	a.log.Info("warden running", "version", a.opts.Version, "policy", a.opts.PolicyFile,
 		"hash", a.holder.Load().Hash, "admin", a.AdminAddr())
 	for {

@@ -1,6 +1,7 @@
 package app
 
 import (
+	"github.com/warden-dev/warden/governor/bridge"
 	"github.com/warden-dev/warden/proxy/egress"
 	"github.com/warden-dev/warden/proxy/grpcegress"
 	"github.com/warden-dev/warden/proxy/ingress"
@@ -25,5 +26,10 @@ func (a *App) buildComponents() []Component {
 		ingress.New(ingress.Options{Clock: a.clk, Metrics: a.metrics, Log: a.log.With("component", "ingress")}),
 		egress.New(egress.Options{Clock: a.clk, Metrics: a.metrics, Log: a.log.With("component", "egress")}),
 		grpcegress.New(grpcegress.Options{Clock: a.clk, Metrics: a.metrics, Log: a.log.With("component", "grpc")}),
+		bridge.New(bridge.Options{
+			Clock: a.clk, Metrics: a.metrics, Log: a.log.With("component", "bridges"),
+			// Runs: the scheduler's bridge.RunTracker, once it lands; nil
+			// turns run binding off (logged once).
+		}),
 	}
 }

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"io"
@@ -13,36 +12,10 @@ import (
 	"path/filepath"
 	"regexp"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
-
-	"go.uber.org/goleak"
 )
-
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
-
-// buildWarden compiles the real binary once per test run.
-func buildWarden(t *testing.T) string {
-	t.Helper()
-	bin := filepath.Join(t.TempDir(), "warden")
-	cmd := exec.Command("go", "build", "-o", bin, ".")
-	if out, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("go build: %v\n%s", err, out)
-	}
-	return bin
-}
-
-func freePort(t *testing.T) string {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().String()
-}
 
 // examplePolicy is policies.example.yaml with every listener moved to a
 // free loopback port, so the test runs beside anything else on the machine.
@@ -73,84 +46,11 @@ func examplePolicy(t *testing.T) (path string, addrs map[string]string) {
 	return path, addrs
 }
 
-type process struct {
-	cmd  *exec.Cmd
-	out  *syncBuffer
-	done chan struct{} // closed when the process has exited
-	err  error         // its exit status, once done is closed
-}
-
-// syncBuffer is the process's output, written by exec's copying goroutine
-// and read by the test.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
-// exited waits up to d for the process to exit and returns its status.
-func (p *process) exited(d time.Duration) (error, bool) {
-	select {
-	case <-p.done:
-		return p.err, true
-	case <-time.After(d):
-		return nil, false
-	}
-}
-
-func startWarden(t *testing.T, bin, policy string) *process {
-	t.Helper()
-	p := &process{out: &syncBuffer{}, done: make(chan struct{})}
-	p.cmd = exec.Command(bin, "run", "--policy", policy, "--data-dir", t.TempDir())
-	p.cmd.Stdout, p.cmd.Stderr = p.out, p.out
-	if err := p.cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	go func() { p.err = p.cmd.Wait(); close(p.done) }()
-	t.Cleanup(func() {
-		if _, ok := p.exited(0); !ok {
-			_ = p.cmd.Process.Kill() // by PID
-			<-p.done
-		}
-	})
-	return p
-}
-
-// waitHealthy polls the admin listener until warden answers.
-func (p *process) waitHealthy(t *testing.T, admin string) {
-	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	for time.Now().Before(deadline) {
-		if err, ok := p.exited(0); ok {
-			t.Fatalf("warden exited: %v\n%s", err, p.out)
-		}
-		if resp, err := http.Get("http://" + admin + "/healthz"); err == nil {
-			resp.Body.Close()
-			if resp.StatusCode == 200 {
-				return
-			}
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-	t.Fatalf("warden never became healthy:\n%s", p.out)
-}
-
-// TestBinaryEgressCountedInMetrics is the acceptance check of the data
-// plane: warden run with the example policy, then an HTTP_PROXY request
-// (curl -x) to a local server goes through the egress and shows up in
-// /metrics; SIGTERM lets an in-flight request finish and exits 0.
-func TestBinaryEgressCountedInMetrics(t *testing.T) {
+// TestProxyEndToEnd is the acceptance check of the data plane: warden run
+// with the example policy, then an HTTP_PROXY request (curl -x) to a local
+// server goes through the egress and shows up in /metrics; SIGTERM lets an
+// in-flight request finish and exits 0.
+func TestProxyEndToEnd(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds and runs the binary")
 	}
@@ -173,8 +73,8 @@ func TestBinaryEgressCountedInMetrics(t *testing.T) {
 
 	bin := buildWarden(t)
 	policy, addrs := examplePolicy(t)
-	p := startWarden(t, bin, policy)
-	p.waitHealthy(t, addrs["admin"])
+	p := start(t, bin, nil, "run", "--policy", policy, "--data-dir", t.TempDir())
+	p.waitLog(t, "warden running")
 
 	// curl -x http://EGRESS http://UPSTREAM/ when curl is installed; the
 	// same request through Go's HTTP_PROXY support otherwise.
@@ -182,7 +82,7 @@ func TestBinaryEgressCountedInMetrics(t *testing.T) {
 	if curl, err := exec.LookPath("curl"); err == nil {
 		out, err := exec.Command(curl, "-sS", "--max-time", "10", "-x", "http://"+addrs["egress"], target).CombinedOutput()
 		if err != nil {
-			t.Fatalf("curl: %v\n%s\nwarden:\n%s", err, out, p.out)
+			t.Fatalf("curl: %v\n%s", err, out)
 		}
 		body = string(out)
 	} else {
@@ -200,15 +100,10 @@ func TestBinaryEgressCountedInMetrics(t *testing.T) {
 	if body != "hello from /" {
 		t.Fatalf("through the egress: %q", body)
 	}
-	resp, err := http.Get("http://" + addrs["admin"] + "/metrics")
-	if err != nil {
-		t.Fatal(err)
-	}
-	metrics, _ := io.ReadAll(resp.Body)
-	resp.Body.Close()
+	_, metrics := get(t, "http://"+addrs["admin"]+"/metrics")
 	counted := regexp.MustCompile(`warden_requests_total\{code="200",listener="egress",target="_unlisted"\} 1\b`)
-	if !counted.Match(metrics) {
-		t.Fatalf("the request is not in /metrics:\n%s", grep(string(metrics), "warden_requests_total"))
+	if !counted.MatchString(metrics) {
+		t.Fatalf("the request is not in /metrics:\n%s", grep(metrics, "warden_requests_total"))
 	}
 
 	// Graceful drain: a request in flight at SIGTERM still completes.
@@ -242,6 +137,7 @@ func TestBinaryEgressCountedInMetrics(t *testing.T) {
 		}
 		c.Close()
 		if time.Now().After(deadline) {
+			close(release)
 			t.Fatal("egress listener still accepting after SIGTERM")
 		}
 		time.Sleep(20 * time.Millisecond)
@@ -250,12 +146,13 @@ func TestBinaryEgressCountedInMetrics(t *testing.T) {
 	if got := <-slow; got != "hello from /slow" {
 		t.Fatalf("in-flight request at SIGTERM: %q", got)
 	}
-	err, ok := p.exited(30 * time.Second)
-	if !ok {
-		t.Fatalf("warden did not exit after SIGTERM:\n%s", p.out)
-	}
-	if err != nil {
-		t.Fatalf("exit after SIGTERM: %v\n%s", err, p.out)
+	select {
+	case err := <-p.done:
+		if err != nil {
+			t.Fatalf("exit after SIGTERM: %v", err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("warden did not exit after SIGTERM")
 	}
 }
 

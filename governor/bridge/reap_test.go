@@ -1,0 +1,221 @@
+package bridge
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgproto3"
+
+	"github.com/warden-dev/warden/governor/clock"
+	"github.com/warden-dev/warden/policy"
+)
+
+var t0 = time.Unix(1_700_000_000, 0)
+
+func TestIdleTimeoutReapsIdleSession(t *testing.T) {
+	clk := clock.NewFake(t0)
+	h := newHarness(t, clk, nil).withPostgres()
+	h.mustApply(h.pgBridge("idle", func(b *policy.Bridge) { b.IdleTimeout = 30 * time.Second }))
+	r := h.dialRaw("idle")
+	r.login(h.user, h.db, "idler")
+	clk.Advance(29 * time.Second)
+	if s := h.bridge("idle").snapshot(clk.Now()); s.Reaped[ReasonIdle] != 0 || s.Idle != 1 {
+		t.Fatalf("reaped before idle_timeout: %+v", s)
+	}
+	clk.Advance(time.Second)
+	e := r.fatal("57P05")
+	if !strings.Contains(e.Message, "bridge idle") {
+		t.Fatalf("message %q", e.Message)
+	}
+	h.reaped("idle", ReasonIdle, 1)
+	h.waitFor("idle", "the slot freed", func(s Snapshot) bool { return s.Live == 0 })
+}
+
+// A statement that runs longer than idle_timeout is not idle.
+func TestIdleTimeoutSparesRunningStatement(t *testing.T) {
+	clk := clock.NewFake(t0)
+	h := newHarness(t, clk, nil).withPostgres()
+	h.mustApply(h.pgBridge("busy", func(b *policy.Bridge) { b.IdleTimeout = 30 * time.Second }))
+	table := h.table()
+	locker := h.direct()
+	ctx := context.Background()
+	if _, err := locker.Exec(ctx, "BEGIN; LOCK TABLE "+table+" IN ACCESS EXCLUSIVE MODE"); err != nil {
+		t.Fatal(err)
+	}
+	r := h.dialRaw("busy")
+	r.login(h.user, h.db, "busyone")
+	r.fe.Send(&pgproto3.Query{String: "SELECT count(*) FROM " + table})
+	if err := r.fe.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	waitBlocked(t, locker, "busyone")
+
+	armed := clk.TimerArmed()
+	clk.Advance(31 * time.Second)
+	<-armed // the check ran, found the session busy and re-armed
+	if s := h.bridge("busy").snapshot(clk.Now()); s.Reaped[ReasonIdle] != 0 || s.InUse != 1 {
+		t.Fatalf("a running statement was treated as idle: %+v", s)
+	}
+	if _, err := locker.Exec(ctx, "COMMIT"); err != nil {
+		t.Fatal(err)
+	}
+	if st, e := r.untilReady(); e != nil || st != 'I' {
+		t.Fatalf("statement result: %c %v", st, e)
+	}
+	// Idle from now on: reaped a full idle_timeout later.
+	advanceUntil(t, clk, 30*time.Second, h.until("busy", func(s Snapshot) bool { return s.Reaped[ReasonIdle] == 1 }))
+	r.fatal("57P05")
+}
+
+// waitBlocked polls the server until the bridge's backend waits on a lock:
+// proof the statement went through the bridge.
+func waitBlocked(t *testing.T, direct *pgx.Conn, app string) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for time.Now().Before(deadline) {
+		var n int
+		err := direct.QueryRow(context.Background(),
+			"SELECT count(*) FROM pg_stat_activity WHERE application_name = $1 AND wait_event_type = 'Lock'", app).Scan(&n)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if n == 1 {
+			return
+		}
+		time.Sleep(5 * time.Millisecond) // the server offers no event to wait on
+	}
+	t.Fatal("the statement never reached the server")
+}
+
+func TestIdleInTransactionTimeoutRollsBack(t *testing.T) {
+	clk := clock.NewFake(t0)
+	h := newHarness(t, clk, nil).withPostgres()
+	h.mustApply(h.pgBridge("iit", func(b *policy.Bridge) {
+		b.IdleTimeout = time.Hour
+		b.IdleInTransactionTimeout = 10 * time.Second
+	}))
+	table := h.table()
+	r := h.dialRaw("iit")
+	r.login(h.user, h.db, "forgetful")
+	if st, e := r.query("BEGIN; INSERT INTO " + table + " VALUES (1)"); e != nil || st != 'T' {
+		t.Fatalf("begin: %c %v", st, e)
+	}
+	if s := h.bridge("iit").snapshot(clk.Now()); s.IdleInTransaction != 1 || s.InUse != 1 {
+		t.Fatalf("snapshot %+v", s)
+	}
+	clk.Advance(10 * time.Second)
+	e := r.fatal("25P03")
+	if !strings.Contains(e.Message, "bridge iit") || !strings.Contains(e.Message, "rolled back") {
+		t.Fatalf("message %q", e.Message)
+	}
+	h.reaped("iit", ReasonIdleInTransaction, 1)
+	h.rolledBack(table, 1)
+}
+
+func TestMaxLifetimeWaitsForIdle(t *testing.T) {
+	clk := clock.NewFake(t0)
+	h := newHarness(t, clk, nil).withPostgres()
+	h.mustApply(h.pgBridge("life", func(b *policy.Bridge) {
+		b.MaxLifetime = time.Minute
+		b.IdleInTransactionTimeout = time.Hour
+	}))
+	r := h.dialRaw("life")
+	r.login(h.user, h.db, "old")
+	if st, e := r.query("BEGIN"); e != nil || st != 'T' {
+		t.Fatalf("begin: %c %v", st, e)
+	}
+	armed := clk.TimerArmed()
+	clk.Advance(time.Minute)
+	<-armed // past its lifetime, in a transaction: marked, not cut
+	if s := h.bridge("life").snapshot(clk.Now()); s.Reaped[ReasonMaxLifetime] != 0 || s.Live != 1 {
+		t.Fatalf("cut inside a transaction: %+v", s)
+	}
+	if st, e := r.query("COMMIT"); e != nil || st != 'I' {
+		t.Fatalf("commit: %c %v", st, e)
+	}
+	r.fatal("57P01") // closed the moment it went idle
+	h.reaped("life", ReasonMaxLifetime, 1)
+
+	// Idle when its lifetime ends: closed then.
+	r2 := h.dialRaw("life")
+	r2.login(h.user, h.db, "old2")
+	clk.Advance(time.Minute)
+	r2.fatal("57P01")
+	h.reaped("life", ReasonMaxLifetime, 2)
+}
+
+func TestRunEndedClosesBoundSession(t *testing.T) {
+	tracker := newRuns("r1", "r2")
+	h := newHarness(t, clock.Real{}, tracker).withPostgres()
+	h.mustApply(h.pgBridge("runs", func(b *policy.Bridge) { b.MaxConnections = 1 }))
+
+	r := h.dialRaw("runs")
+	r.login(h.user, h.db, "run:r1")
+	if st, e := r.query("SELECT 1"); e != nil || st != 'I' {
+		t.Fatalf("query: %c %v", st, e)
+	}
+	tracker.end("r1")
+	e := r.fatal("57P01")
+	if !strings.Contains(e.Message, "run r1 has ended") {
+		t.Fatalf("message %q", e.Message)
+	}
+	h.reaped("runs", ReasonRunEnded, 1)
+
+	// A client of an ended run is refused at once.
+	late := h.dialRaw("runs")
+	late.fe.Send(&pgproto3.StartupMessage{ProtocolVersion: pgproto3.ProtocolVersionNumber,
+		Parameters: map[string]string{"user": h.user, "database": h.db, "application_name": "run:r1"}})
+	_ = late.fe.Flush()
+	late.fatal("57P01")
+	h.reaped("runs", ReasonRunEnded, 2)
+
+	// An unknown run is not bound; it holds the only slot.
+	other := h.connect("runs", "run:unknown")
+	if _, err := other.Exec(context.Background(), "SELECT 1"); err != nil {
+		t.Fatal(err)
+	}
+	// A client of run r2 waits for the slot; r2 ends while it waits.
+	waiting := h.dialRaw("runs")
+	waiting.fe.Send(&pgproto3.StartupMessage{ProtocolVersion: pgproto3.ProtocolVersionNumber,
+		Parameters: map[string]string{"user": h.user, "database": h.db, "application_name": "run:r2"}})
+	_ = waiting.fe.Flush()
+	h.waitFor("runs", "the r2 client waiting", func(s Snapshot) bool { return s.Waiting == 1 })
+	tracker.end("r2")
+	waiting.fatal("57P01")
+	h.reaped("runs", ReasonRunEnded, 3)
+	if _, err := other.Exec(context.Background(), "SELECT 1"); err != nil {
+		t.Fatalf("unbound session disturbed: %v", err)
+	}
+}
+
+// Without a tracker, run names are ignored.
+func TestRunBindingOff(t *testing.T) {
+	h := newHarness(t, clock.Real{}, nil).withPostgres()
+	h.mustApply(h.pgBridge("unbound"))
+	c := h.connect("unbound", "run:whatever")
+	if _, err := c.Exec(context.Background(), "SELECT 1"); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// advanceUntil moves the fake clock on by step until done closes. A session
+// timer that fired early re-arms itself for the rest of its wait; each
+// round waits for either outcome before moving the clock again.
+func advanceUntil(t *testing.T, clk *clock.Fake, step time.Duration, done <-chan struct{}) {
+	t.Helper()
+	for range 10 {
+		armed := clk.TimerArmed()
+		clk.Advance(step)
+		select {
+		case <-done:
+			return
+		case <-armed:
+		case <-time.After(10 * time.Second):
+			t.Fatal("neither reaped nor re-armed")
+		}
+	}
+	t.Fatalf("not done after 10 steps of %s", step)
+}

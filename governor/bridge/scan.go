@@ -1,0 +1,170 @@
+package bridge
+
+import (
+	"encoding/binary"
+	"fmt"
+)
+
+// The hot path never parses or copies query payloads: each direction runs a
+// frame scanner over the bytes as they pass, keeping only the current
+// message's type and how much of it is still to come, across reads. Only two
+// things are looked at: which client messages the server will answer with
+// ReadyForQuery, and the one status byte of each ReadyForQuery.
+
+// Message types of protocol 3 a client may send after the startup packet,
+// and those a server may send. Anything else is garbage.
+var (
+	frontendTypes = typeSet("BCDEFHPQSXcdfp")
+	backendTypes  = typeSet("123ACDEGHIKNRSTVWZcdnstv")
+)
+
+func typeSet(s string) (t [256]bool) {
+	for i := 0; i < len(s); i++ {
+		t[s[i]] = true
+	}
+	return t
+}
+
+// frames tracks message boundaries: a partly read 5-byte header, or how
+// many body bytes of the current message are still to come.
+type frames struct {
+	hdr  [5]byte
+	nhdr int
+	typ  byte
+	left int // body bytes of the current message still to come
+}
+
+// atBoundary reports whether the stream so far ends exactly between
+// messages, so that a message of our own can be inserted.
+func (f *frames) atBoundary() bool { return f.left == 0 && f.nhdr == 0 }
+
+// header consumes header bytes of p from i. It returns the index after them
+// and whether a whole header is now known (f.typ and f.left set).
+func (f *frames) header(p []byte, i int, valid *[256]bool) (int, bool, error) {
+	var typ byte
+	var n int32
+	if f.nhdr == 0 && len(p)-i >= 5 {
+		typ, n = p[i], int32(binary.BigEndian.Uint32(p[i+1:]))
+		i += 5
+	} else {
+		k := copy(f.hdr[f.nhdr:], p[i:])
+		f.nhdr += k
+		i += k
+		if f.nhdr < 5 {
+			return i, false, nil
+		}
+		f.nhdr = 0
+		typ, n = f.hdr[0], int32(binary.BigEndian.Uint32(f.hdr[1:]))
+	}
+	if !valid[typ] {
+		return i, false, fmt.Errorf("invalid message type 0x%02x", typ)
+	}
+	if n < 4 {
+		return i, false, fmt.Errorf("invalid length %d of message %q", n, typ)
+	}
+	f.typ, f.left = typ, int(n)-4
+	return i, true, nil
+}
+
+// frontendScanner follows the client→server stream.
+type frontendScanner struct {
+	frames
+	// syncs counts Syncs since the last Execute or Query. A Sync that
+	// reaches the server while it is in COPY IN is ignored (libpq sends one
+	// after Execute and another after CopyDone), so when copy data follows,
+	// those Syncs will get no ReadyForQuery.
+	syncs int
+}
+
+// noTerminate is scan's terminate result when the chunk has no Terminate.
+const noTerminate = -1
+
+// terminateSplit is scan's terminate result when a Terminate began in an
+// earlier chunk: seen, but too late to hold back.
+const terminateSplit = -2
+
+// scan follows chunk p. It returns how many more ReadyForQuery messages the
+// client now awaits (negative when copy data shows earlier Syncs will be
+// ignored), and where a Terminate message starts in p (noTerminate if none).
+func (s *frontendScanner) scan(p []byte) (rfq, terminate int, err error) {
+	terminate = noTerminate
+	for i := 0; i < len(p); {
+		if s.left > 0 {
+			n := min(s.left, len(p)-i)
+			i += n
+			s.left -= n
+			continue
+		}
+		start, split := i, s.nhdr > 0
+		var whole bool
+		i, whole, err = s.header(p, i, &frontendTypes)
+		if err != nil {
+			return rfq, terminate, err
+		}
+		if !whole {
+			continue
+		}
+		switch s.typ {
+		case 'Q':
+			rfq++
+			s.syncs = 0
+		case 'E':
+			s.syncs = 0
+		case 'S':
+			rfq++
+			s.syncs++
+		case 'F':
+			rfq++
+		case 'd', 'c', 'f':
+			rfq -= s.syncs
+			s.syncs = 0
+		case 'X':
+			if split {
+				terminate = terminateSplit
+			} else {
+				terminate = start
+			}
+		}
+	}
+	return rfq, terminate, nil
+}
+
+// backendScanner follows the server→client stream.
+type backendScanner struct {
+	frames
+	wantStatus bool // in a ReadyForQuery whose status byte is still to come
+}
+
+// scan follows chunk p. It returns how many ReadyForQuery messages ended in
+// p and the status of the last one ('I' idle, 'T' in a transaction, 'E' in
+// a failed transaction).
+func (s *backendScanner) scan(p []byte) (rfq int, status byte, err error) {
+	for i := 0; i < len(p); {
+		if s.left > 0 {
+			if s.wantStatus {
+				s.wantStatus = false
+				status = p[i]
+				if status != 'I' && status != 'T' && status != 'E' {
+					return rfq, status, fmt.Errorf("invalid ReadyForQuery status 0x%02x", status)
+				}
+				rfq++
+			}
+			n := min(s.left, len(p)-i)
+			i += n
+			s.left -= n
+			continue
+		}
+		var whole bool
+		i, whole, err = s.header(p, i, &backendTypes)
+		if err != nil {
+			return rfq, status, err
+		}
+		if whole && s.typ == 'Z' {
+			if s.left != 1 {
+				return rfq, status, fmt.Errorf("invalid ReadyForQuery length %d", s.left+4)
+			}
+			s.wantStatus = true
+		}
+	}
+	return rfq, status, nil
+}

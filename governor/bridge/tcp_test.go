@@ -1,0 +1,176 @@
+package bridge
+
+import (
+	"bufio"
+	"errors"
+	"io"
+	"net"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/warden-dev/warden/governor/clock"
+	"github.com/warden-dev/warden/policy"
+)
+
+// echoServer is a loopback upstream that echoes.
+func echoServer(t *testing.T) string { return upstreamServer(t, "") }
+
+// upstreamServer is a loopback upstream that says hello (if not empty),
+// then echoes.
+func upstreamServer(t *testing.T, hello string) string {
+	return serveLoopback(t, func(c net.Conn) {
+		if hello != "" {
+			_, _ = io.WriteString(c, hello+"\n")
+		}
+		_, _ = io.Copy(c, c)
+	})
+}
+
+// serveLoopback runs handle for every connection to a loopback listener
+// until the test ends, then closes everything and waits.
+func serveLoopback(tb testing.TB, handle func(net.Conn)) string {
+	tb.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		tb.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	var conns []net.Conn
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			mu.Lock()
+			conns = append(conns, c)
+			mu.Unlock()
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				defer c.Close()
+				handle(c)
+			}()
+		}
+	}()
+	tb.Cleanup(func() {
+		ln.Close()
+		mu.Lock()
+		for _, c := range conns {
+			c.Close()
+		}
+		mu.Unlock()
+		wg.Wait()
+	})
+	return ln.Addr().String()
+}
+
+type tcpClient struct {
+	t *testing.T
+	c net.Conn
+	r *bufio.Reader
+}
+
+func (h *harness) dialTCP(name string) *tcpClient {
+	h.t.Helper()
+	c := h.dial(name)
+	return &tcpClient{t: h.t, c: c, r: bufio.NewReader(c)}
+}
+
+func (c *tcpClient) send(line string) {
+	c.t.Helper()
+	if _, err := io.WriteString(c.c, line+"\n"); err != nil {
+		c.t.Fatal(err)
+	}
+}
+
+func (c *tcpClient) echo(line string) {
+	c.t.Helper()
+	c.send(line)
+	got, err := c.r.ReadString('\n')
+	if err != nil || got != line+"\n" {
+		c.t.Fatalf("echo of %q: %q, %v", line, got, err)
+	}
+}
+
+func (c *tcpClient) closedByBridge() {
+	c.t.Helper()
+	if _, err := c.r.ReadByte(); !errors.Is(err, io.EOF) && !isReset(err) {
+		c.t.Fatalf("still open: %v", err)
+	}
+}
+
+func tcpBridge(name, upstream string, mods ...func(*policy.Bridge)) policy.Bridge {
+	b := policy.Bridge{Name: name, Listen: "127.0.0.1:0", Upstream: upstream, Protocol: policy.ProtocolTCP,
+		MaxConnections: 2, WaitTimeout: 5 * time.Second}
+	for _, m := range mods {
+		m(&b)
+	}
+	return b
+}
+
+func TestTCPCappedPipe(t *testing.T) {
+	clk := clock.NewFake(t0)
+	h := newHarness(t, clk, nil)
+	h.mustApply(tcpBridge("pipe", echoServer(t)))
+	a, b := h.dialTCP("pipe"), h.dialTCP("pipe")
+	a.echo("alpha")
+	b.echo("beta")
+
+	// A third client waits; what it sends meanwhile is delivered once it is
+	// served.
+	armed := clk.TimerArmed()
+	c := h.dialTCP("pipe")
+	<-armed
+	c.send("early")
+	if s := h.bridge("pipe").snapshot(clk.Now()); s.Waiting != 1 || s.Live != 2 {
+		t.Fatalf("snapshot %+v", s)
+	}
+	a.c.Close()
+	got, err := c.r.ReadString('\n')
+	if err != nil || got != "early\n" {
+		t.Fatalf("early bytes: %q %v", got, err)
+	}
+	c.echo("gamma")
+
+	// A fourth waits past wait_timeout and is closed.
+	armed = clk.TimerArmed()
+	d := h.dialTCP("pipe")
+	<-armed
+	clk.Advance(5 * time.Second)
+	d.closedByBridge()
+	b.echo("still here")
+}
+
+func TestTCPIdleTimeout(t *testing.T) {
+	clk := clock.NewFake(t0)
+	h := newHarness(t, clk, nil)
+	h.mustApply(tcpBridge("quiet", echoServer(t), func(b *policy.Bridge) { b.IdleTimeout = 10 * time.Second }))
+	a := h.dialTCP("quiet")
+	a.echo("hello")
+	advanceUntil(t, clk, 10*time.Second, h.until("quiet", func(s Snapshot) bool { return s.Reaped[ReasonIdle] == 1 }))
+	a.closedByBridge()
+}
+
+// A tcp client that resets its connection is reaped as gone; one that
+// closes cleanly simply ends.
+func TestTCPClientGone(t *testing.T) {
+	h := newHarness(t, clock.Real{}, nil)
+	h.mustApply(tcpBridge("gone", echoServer(t)))
+	a := h.dialTCP("gone")
+	a.echo("x")
+	_ = a.c.(*net.TCPConn).SetLinger(0)
+	a.c.Close()
+	h.reaped("gone", ReasonClientGone, 1)
+	b := h.dialTCP("gone")
+	b.echo("y")
+	b.c.Close()
+	h.waitFor("gone", "the session over", func(s Snapshot) bool { return s.Live == 0 })
+	if s := h.bridge("gone").snapshot(time.Now()); s.Reaped[ReasonClientGone] != 1 {
+		t.Fatalf("clean close counted as a reap: %+v", s)
+	}
+}
