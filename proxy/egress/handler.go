@@ -8,6 +8,7 @@ import (
 
 	"github.com/valyala/fasthttp"
 
+	"github.com/warden-dev/warden/governor/tenant"
 	"github.com/warden-dev/warden/proxy/admit"
 	"github.com/warden-dev/warden/proxy/httpwire"
 	"github.com/warden-dev/warden/proxy/respond"
@@ -27,7 +28,7 @@ func (e *Egress) serve(ctx *fasthttp.RequestCtx) {
 	h := &ctx.Request.Header
 	scan, err := httpwire.ScanRequestHeaders(h.RawHeaders(), tb.tenantHeader)
 	if err != nil {
-		e.refuse(ctx, tb, fasthttp.StatusBadRequest, "request refused: "+err.Error())
+		e.refuse(ctx, fasthttp.StatusBadRequest, "request refused: "+err.Error())
 		return
 	}
 	if h.IsConnect() {
@@ -42,14 +43,14 @@ func (e *Egress) serve(ctx *fasthttp.RequestCtx) {
 	if len(uri) > 0 && uri[0] != '/' && uri[0] != '*' {
 		scheme, a, o, ok := httpwire.SplitAbsoluteForm(uri)
 		if !ok {
-			e.refuse(ctx, tb, fasthttp.StatusBadRequest, "request target is neither origin-form nor an http(s) absolute URI")
+			e.refuse(ctx, fasthttp.StatusBadRequest, "request target is neither origin-form nor an http(s) absolute URI")
 			return
 		}
 		https = len(scheme) == 5
 		authority, origin = a, o
 	} else {
 		if scan.Fields&httpwire.HasHost == 0 {
-			e.refuse(ctx, tb, fasthttp.StatusBadRequest, "no target host: send an absolute URI or a Host header")
+			e.refuse(ctx, fasthttp.StatusBadRequest, "no target host: send an absolute URI or a Host header")
 			return
 		}
 		authority = h.Host()
@@ -57,7 +58,7 @@ func (e *Egress) serve(ctx *fasthttp.RequestCtx) {
 	var ab [maxAuthority]byte
 	hostport, hostLen, ok := httpwire.AppendHostPort(ab[:0], authority, defaultPort(https))
 	if !ok {
-		e.refuse(ctx, tb, fasthttp.StatusBadRequest, "target host "+strconv.Quote(string(authority))+" is not a host[:port]")
+		e.refuse(ctx, fasthttp.StatusBadRequest, "target host "+strconv.Quote(string(authority))+" is not a host[:port]")
 		return
 	}
 	r := tb.lookup(hostport, hostLen)
@@ -68,7 +69,7 @@ func (e *Egress) serve(ctx *fasthttp.RequestCtx) {
 		return
 	}
 	if r.fixed == nil && tb.loops(hostport, hostLen) {
-		e.refuse(ctx, tb, fasthttp.StatusBadRequest, "request addressed to the egress listener itself")
+		e.refuse(ctx, fasthttp.StatusBadRequest, "request addressed to the egress listener itself")
 		return
 	}
 	x := getExchange(e, r, ctx.Time())
@@ -121,7 +122,7 @@ func (e *Egress) now(ctx *fasthttp.RequestCtx) time.Time {
 }
 
 // refuse answers a request that was not understood.
-func (e *Egress) refuse(ctx *fasthttp.RequestCtx, tb *table, status int, msg string) {
+func (e *Egress) refuse(ctx *fasthttp.RequestCtx, status int, msg string) {
 	respond.Error(ctx, status, msg)
 	e.stats.Target(unlistedName).Done(status, ctx.Time())
 }
@@ -130,7 +131,7 @@ func (e *Egress) refuse(ctx *fasthttp.RequestCtx, tb *table, status int, msg str
 func (e *Egress) refuseAdmission(ctx *fasthttp.RequestCtx, r *route, ref admit.Refusal, now time.Time) int {
 	r.Stats.Reject(ref.Control, ref.Scope)
 	switch {
-	case ref.Control == "tenant_rate":
+	case ref.Control == tenant.Control:
 		respond.Tenant(ctx, ref.Tenant, now)
 		return fasthttp.StatusTooManyRequests
 	case ref.Control == respond.ControlBreaker:
@@ -148,12 +149,12 @@ func (e *Egress) refuseAdmission(ctx *fasthttp.RequestCtx, r *route, ref admit.R
 // loops reports whether a request for hostport would come back to this
 // listener: same port, and a loopback, unspecified or identical host.
 func (tb *table) loops(hostport []byte, hostLen int) bool {
-	_, selfPort, err := net.SplitHostPort(tb.self)
+	selfHost, selfPort, err := net.SplitHostPort(tb.self)
 	if err != nil || string(hostport[hostLen+1:]) != selfPort {
 		return false
 	}
 	host := bytes.Trim(hostport[:hostLen], "[]")
-	if string(host) == "localhost" {
+	if string(host) == "localhost" || string(host) == selfHost {
 		return true
 	}
 	ip := net.ParseIP(string(host))

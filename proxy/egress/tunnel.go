@@ -31,7 +31,7 @@ func (e *Egress) connect(ctx *fasthttp.RequestCtx, tb *table, scan httpwire.Scan
 	var ab [maxAuthority]byte
 	hostport, hostLen, ok := httpwire.AppendHostPort(ab[:0], authority, "443")
 	if !ok {
-		e.refuse(ctx, tb, fasthttp.StatusBadRequest, "CONNECT target "+strconv.Quote(string(authority))+" is not host:port")
+		e.refuse(ctx, fasthttp.StatusBadRequest, "CONNECT target "+strconv.Quote(string(authority))+" is not host:port")
 		return
 	}
 	r := tb.lookup(hostport, hostLen)
@@ -44,7 +44,7 @@ func (e *Egress) connect(ctx *fasthttp.RequestCtx, tb *table, scan httpwire.Scan
 	addr := r.upstreamAddr
 	if addr == "" {
 		if tb.loops(hostport, hostLen) {
-			e.refuse(ctx, tb, fasthttp.StatusBadRequest, "CONNECT to the egress listener itself")
+			e.refuse(ctx, fasthttp.StatusBadRequest, "CONNECT to the egress listener itself")
 			return
 		}
 		addr = string(hostport)
