@@ -5,7 +5,10 @@ DATA_DIR ?= ./data
 FUZZTIME ?= 10s
 # Packages with fuzz targets and the targets to run briefly on every test run.
 FUZZ     := ./policy:FuzzParse ./governor/bridge:FuzzParseStartup ./governor/bridge:FuzzScanners ./proxy/rls:FuzzShouldRateLimit \
-            ./scheduler:FuzzParseSubmit ./scheduler:FuzzKeyExpr ./scheduler:FuzzLookupJSON ./scheduler/store:FuzzDecode
+            ./scheduler:FuzzParseSubmit ./scheduler:FuzzKeyExpr ./scheduler:FuzzLookupJSON ./scheduler/store:FuzzDecode \
+            ./proxy/httpwire:FuzzScanRequestHeaders ./proxy/httpwire:FuzzStripRequest \
+            ./proxy/httpwire:FuzzAuthority ./proxy/httpwire:FuzzSplitAbsoluteForm \
+            ./connpool:FuzzChunkedReader ./proxy/grpcegress:FuzzServiceOf
 
 .PHONY: run build test test-unit fuzz lint vet fmt-check bench-limits bench-proxy bench-scheduler bench-bridge bench-rls clean
 
@@ -68,6 +71,16 @@ bench-scheduler:
 	@mkdir -p bench/out
 	$(GO) build -o bench/out/schedbench ./bench/cmd/schedbench
 	bench/out/schedbench | tee bench/out/scheduler.txt
+
+# The data plane against nginx and HAProxy (installed when missing), plus
+# the allocations per proxied request from the handler benchmarks.
+bench-proxy:
+	@mkdir -p bench/out
+	@command -v nginx >/dev/null 2>&1 || DEBIAN_FRONTEND=noninteractive apt-get install -y nginx >/dev/null || echo "nginx missing: its row stays empty"
+	@command -v haproxy >/dev/null 2>&1 || DEBIAN_FRONTEND=noninteractive apt-get install -y haproxy >/dev/null || echo "haproxy missing: its row stays empty"
+	$(GO) build -o bin/warden ./cmd/warden
+	$(GO) test -run='^$$' -bench='IngressHandler|EgressHandler' -benchmem -count=1 ./proxy/ingress ./proxy/egress | tee bench/out/proxy-allocs.txt
+	$(GO) run ./bench/cmd/benchproxy -warden bin/warden -out bench/out
 
 clean:
 	rm -rf bin bench/out

@@ -87,6 +87,11 @@ func (c *Caps) Check(tenant []byte, now time.Time) Result {
 	if !ok {
 		l = c.def
 	}
+	if l.rate <= 0 {
+		// rate 0 turns the gate off (policy/REFERENCE.md): admit without
+		// counting rather than refuse everything.
+		return Result{Decision: window.Decision{Allowed: true}, Tenant: tenant, Window: l.scope.Window}
+	}
 	d := c.counter.Take(l.scope, tenant, l.rate, 1, now)
 	return Result{Decision: d, Tenant: tenant, Window: l.scope.Window}
 }

@@ -195,3 +195,22 @@ func TestBackendDownReportsUpstream(t *testing.T) {
 		t.Fatalf("memory control %q", ok.Control())
 	}
 }
+
+// TestRateZeroDisables: rate 0 turns a tenant's gate off instead of
+// refusing every request.
+func TestRateZeroDisables(t *testing.T) {
+	clk := clock.NewFake(time.Date(2026, 1, 5, 12, 0, 17, 0, time.UTC))
+	caps := New("ingress", &policy.TenantCap{Header: "x-tenant-id", Rate: 0, Window: 1},
+		map[string]policy.Limit{"acme": {Rate: 1, Window: 1}}, window.NewMemory(clk))
+	for range 100 {
+		if r := caps.Check([]byte("globex"), clk.Now()); !r.Allowed {
+			t.Fatal("rate 0 refused a request")
+		}
+	}
+	if r := caps.Check([]byte("acme"), clk.Now()); !r.Allowed {
+		t.Fatal("acme's override refused its first request")
+	}
+	if r := caps.Check([]byte("acme"), clk.Now()); r.Allowed {
+		t.Fatal("acme's override of 1 admitted a second request")
+	}
+}

@@ -1,7 +1,13 @@
 package app
 
 import (
+	"context"
+
+	"github.com/warden-dev/warden/governor"
 	"github.com/warden-dev/warden/governor/bridge"
+	"github.com/warden-dev/warden/proxy/egress"
+	"github.com/warden-dev/warden/proxy/grpcegress"
+	"github.com/warden-dev/warden/proxy/ingress"
 	"github.com/warden-dev/warden/proxy/rls"
 	"github.com/warden-dev/warden/scheduler"
 )
@@ -20,22 +26,47 @@ import (
 //	Degraded() error       // /readyz body: serving, but degraded
 func (a *App) buildComponents() []Component {
 	// The scheduler starts before the ingress listener that serves its
-	// runs API (sched.Handler() under sched.PathPrefix()), so that on
-	// SIGTERM the listener stops taking submissions before the scheduler
-	// drains its deliveries and closes the store.
+	// runs API, so that on SIGTERM the listener stops taking submissions
+	// before the scheduler drains its deliveries and closes the store.
 	sched := scheduler.New(scheduler.Options{
 		Clock:   a.clk,
 		Metrics: a.metrics,
 		Log:     a.log.With("component", "scheduler"),
 		DataDir: a.opts.DataDir,
 	})
+	ing := ingress.New(ingress.Options{Clock: a.clk, Metrics: a.metrics, Log: a.log.With("component", "ingress")})
 	return []Component{
 		a.backend, // first: every other component counts in its windows
 		rls.New(a.gov.Counter(), a.clk, a.metrics, a.log),
 		sched,
+		runsMount{ing: ing, sched: sched},
+		ing,
+		egress.New(egress.Options{Clock: a.clk, Metrics: a.metrics, Log: a.log.With("component", "egress")}),
+		grpcegress.New(grpcegress.Options{Clock: a.clk, Metrics: a.metrics, Log: a.log.With("component", "grpc")}),
 		bridge.New(bridge.Options{
 			Clock: a.clk, Metrics: a.metrics, Log: a.log.With("component", "bridges"),
 			Runs: sched, // application_name=run:<id> binds a session to its run
 		}),
 	}
 }
+
+// runsMount keeps the scheduler's runs API mounted on the ingress listener
+// at scheduler.path_prefix, following reloads that move or remove it. The
+// ingress applies the tenant cap before the mounted handler runs.
+type runsMount struct {
+	ing   *ingress.Ingress
+	sched *scheduler.Scheduler
+}
+
+func (runsMount) Name() string { return "runs-mount" }
+
+func (m runsMount) Apply(_ context.Context, c *governor.Controls) error {
+	if c.Policy.Scheduler == nil {
+		m.ing.Mount("", nil)
+		return nil
+	}
+	m.ing.Mount(c.Policy.Scheduler.PathPrefix, m.sched.Handler())
+	return nil
+}
+
+func (runsMount) Shutdown(context.Context) error { return nil }

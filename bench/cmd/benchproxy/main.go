@@ -1,0 +1,531 @@
+// Command benchproxy is `make bench-proxy`: it measures, in one run, the
+// same load against a local fasthttp upstream directly, through warden's
+// ingress, through warden's egress (tenant cap, breaker and pool on), and
+// through nginx and HAProxy configured as plain keep-alive reverse
+// proxies, then prints throughput and the latency each proxy adds, with
+// the ratios warden/nginx and warden/HAProxy.
+//
+// Every process shares the machine's cores: the upstream, the proxy under
+// test and this generator (a fasthttp client with few goroutines). nginx
+// runs 2 workers and HAProxy 2 threads, both with keep-alive to the
+// upstream, matching warden's GOMAXPROCS on a 2-core machine.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"slices"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/valyala/fasthttp"
+
+	"github.com/warden-dev/warden/bench/loadgen"
+)
+
+func main() {
+	if len(os.Args) > 2 && os.Args[1] == "upstream" {
+		serveUpstream(os.Args[2])
+		return
+	}
+	if len(os.Args) > 3 && os.Args[1] == "floor" {
+		serveFloor(os.Args[2], os.Args[3])
+		return
+	}
+	var o options
+	flag.StringVar(&o.warden, "warden", "bin/warden", "warden binary")
+	flag.StringVar(&o.out, "out", "bench/out", "directory for configs, logs and results")
+	flag.IntVar(&o.conc, "c", 32, "connections for the saturation runs")
+	flag.DurationVar(&o.dur, "d", 5*time.Second, "measured duration of each run")
+	flag.DurationVar(&o.warmup, "warmup", time.Second, "warm-up before each run")
+	flag.IntVar(&o.rounds, "rounds", 3, "rounds; the table shows the median")
+	flag.Parse()
+	if err := run(o); err != nil {
+		fmt.Fprintln(os.Stderr, "benchproxy:", err)
+		os.Exit(1)
+	}
+}
+
+type options struct {
+	warden, out  string
+	conc, rounds int
+	dur, warmup  time.Duration
+}
+
+// body is the upstream's answer: a small JSON document, as API calls are.
+var body = []byte(`{"id":"ch_42","object":"charge","amount":4200,"currency":"eur","status":"succeeded"}`)
+
+func serveUpstream(addr string) {
+	s := &fasthttp.Server{
+		Handler: func(ctx *fasthttp.RequestCtx) {
+			ctx.SetContentType("application/json")
+			ctx.SetBody(body)
+		},
+		NoDefaultDate:   true,
+		CloseOnShutdown: true,
+	}
+	if err := s.ListenAndServe(addr); err != nil {
+		fmt.Fprintln(os.Stderr, "upstream:", err)
+		os.Exit(1)
+	}
+}
+
+// serveFloor is the least a Go proxy on fasthttp can do: a server whose
+// handler passes the request to a HostClient and the response back, with
+// no checks, controls or metrics. Its row shows how much of warden's cost
+// is the runtime and library floor rather than warden's own work.
+func serveFloor(listen, upstream string) {
+	hc := &fasthttp.HostClient{Addr: upstream, MaxIdemponentCallAttempts: 1}
+	s := &fasthttp.Server{
+		Handler: func(ctx *fasthttp.RequestCtx) {
+			if err := hc.Do(&ctx.Request, &ctx.Response); err != nil {
+				ctx.Error(err.Error(), fasthttp.StatusBadGateway)
+			}
+		},
+		NoDefaultServerHeader: true,
+		NoDefaultDate:         true,
+	}
+	if err := s.ListenAndServe(listen); err != nil {
+		fmt.Fprintln(os.Stderr, "floor:", err)
+		os.Exit(1)
+	}
+}
+
+// path is one way to reach the upstream.
+type path struct {
+	name, addr string
+	pid        int    // the process whose CPU the path costs (the proxy; the upstream for direct)
+	missing    string // why it was not measured
+}
+
+func run(o options) error {
+	out, err := filepath.Abs(o.out)
+	if err != nil {
+		return err
+	}
+	if err := os.MkdirAll(out, 0o755); err != nil {
+		return err
+	}
+	ports := freePorts(10)
+	upAddr := ports[0]
+	var procs []*proc
+	defer func() {
+		for i := len(procs) - 1; i >= 0; i-- {
+			procs[i].stop()
+		}
+	}()
+	self, _ := os.Executable()
+	up, err := start(out, "upstream", nil, self, "upstream", upAddr)
+	if err != nil {
+		return err
+	}
+	procs = append(procs, up)
+	paths := []path{{name: "direct", addr: upAddr, pid: up.cmd.Process.Pid}}
+
+	wardenPolicy := filepath.Join(out, "warden.yaml")
+	ingress, egress, admin := ports[1], ports[2], ports[3]
+	if err := os.WriteFile(wardenPolicy, []byte(fmt.Sprintf(wardenYAML, admin, ingress, upAddr, egress, upAddr)), 0o644); err != nil {
+		return err
+	}
+	w, err := start(out, "warden", nil, o.warden, "run", "--policy", wardenPolicy, "--data-dir", filepath.Join(out, "warden-data"), "--log-level", "warn")
+	if err != nil {
+		return err
+	}
+	procs = append(procs, w)
+	wpid := w.cmd.Process.Pid
+	paths = append(paths, path{name: "warden ingress", addr: ingress, pid: wpid}, path{name: "warden egress", addr: egress, pid: wpid})
+
+	// The same warden on one P (GOMAXPROCS=1): on a machine this small,
+	// shared with the generator and the upstream, it shows what the Go
+	// scheduler's idle-P spinning and thread wake-ups cost.
+	onePolicy := filepath.Join(out, "warden-1p.yaml")
+	ingress1, egress1, admin1 := ports[6], ports[7], ports[8]
+	if err := os.WriteFile(onePolicy, []byte(fmt.Sprintf(wardenYAML, admin1, ingress1, upAddr, egress1, upAddr)), 0o644); err != nil {
+		return err
+	}
+	w1, err := start(out, "warden-1p", []string{"GOMAXPROCS=1"}, o.warden, "run", "--policy", onePolicy, "--data-dir", filepath.Join(out, "warden-1p-data"), "--log-level", "warn")
+	if err != nil {
+		return err
+	}
+	procs = append(procs, w1)
+	w1pid := w1.cmd.Process.Pid
+	paths = append(paths, path{name: "warden ingress 1P", addr: ingress1, pid: w1pid}, path{name: "warden egress 1P", addr: egress1, pid: w1pid})
+
+	floor, err := start(out, "floor", nil, self, "floor", ports[9], upAddr)
+	if err != nil {
+		return err
+	}
+	procs = append(procs, floor)
+	paths = append(paths, path{name: "fasthttp floor", addr: ports[9], pid: floor.cmd.Process.Pid})
+
+	nginxPath := path{name: "nginx", addr: ports[4]}
+	if bin, err := exec.LookPath("nginx"); err != nil {
+		nginxPath.missing = "nginx not installed (apt-get install -y nginx)"
+	} else {
+		dir := filepath.Join(out, "nginx")
+		_ = os.MkdirAll(filepath.Join(dir, "logs"), 0o755)
+		conf := filepath.Join(dir, "nginx.conf")
+		if err := os.WriteFile(conf, []byte(fmt.Sprintf(nginxConf, dir, dir, upAddr, nginxPath.addr)), 0o644); err != nil {
+			return err
+		}
+		p, err := start(out, "nginx", nil, bin, "-p", dir+"/", "-c", conf, "-e", "stderr", "-g", "daemon off;")
+		if err != nil {
+			nginxPath.missing = err.Error()
+		} else {
+			procs = append(procs, p)
+			nginxPath.pid = p.cmd.Process.Pid
+		}
+	}
+	haPath := path{name: "haproxy", addr: ports[5]}
+	if bin, err := exec.LookPath("haproxy"); err != nil {
+		haPath.missing = "haproxy not installed (apt-get install -y haproxy)"
+	} else {
+		conf := filepath.Join(out, "haproxy.cfg")
+		if err := os.WriteFile(conf, []byte(fmt.Sprintf(haproxyCfg, haPath.addr, upAddr)), 0o644); err != nil {
+			return err
+		}
+		p, err := start(out, "haproxy", nil, bin, "-f", conf, "-db")
+		if err != nil {
+			haPath.missing = err.Error()
+		} else {
+			procs = append(procs, p)
+			haPath.pid = p.cmd.Process.Pid
+		}
+	}
+	paths = append(paths, nginxPath, haPath)
+	for _, p := range paths {
+		if p.missing != "" {
+			continue
+		}
+		if err := waitServing(p.addr); err != nil {
+			return fmt.Errorf("%s on %s: %w", p.name, p.addr, err)
+		}
+	}
+	return measure(o, out, paths)
+}
+
+const wardenYAML = `version: 1
+shutdown_grace: 5s
+admin: { listen: %s }
+ingress:
+  listen: %s
+  worker: http://%s
+  tenant: { header: x-tenant-id, rate: 1000000000, window: 60 }
+egress:
+  http_listen: %s
+  allow_unlisted: false
+  tenant: { header: x-tenant-id, rate: 1000000000, window: 60 }
+targets:
+  - name: api
+    hosts: [api.bench]
+    upstream: http://%s
+    circuit_breaker: { enabled: true }
+    pools: [api]
+pools:
+  api: { concurrency: 100000, rate: 1000000000, window: 60, queue: 1000 }
+`
+
+// nginxConf: 2 workers, keep-alive to the upstream, no logging.
+const nginxConf = `worker_processes 2;
+pid %s/nginx.pid;
+events { worker_connections 4096; }
+http {
+  access_log off;
+  client_body_temp_path %s/tmp;
+  upstream up { server %s; keepalive 128; }
+  server {
+    listen %s;
+    location / {
+      proxy_pass http://up;
+      proxy_http_version 1.1;
+      proxy_set_header Connection "";
+    }
+  }
+}
+`
+
+// haproxyCfg: 2 threads, keep-alive both sides, connection reuse.
+const haproxyCfg = `global
+  nbthread 2
+  maxconn 4096
+defaults
+  mode http
+  timeout connect 5s
+  timeout client 30s
+  timeout server 30s
+  option http-keep-alive
+  http-reuse always
+frontend fe
+  bind %s
+  default_backend be
+backend be
+  server up %s maxconn 1000
+`
+
+type proc struct {
+	name string
+	cmd  *exec.Cmd
+	done chan struct{}
+}
+
+// start runs a process with its output in out/<name>.log; env is added
+// to this process's environment.
+func start(out, name string, env []string, bin string, args ...string) (*proc, error) {
+	log, err := os.Create(filepath.Join(out, name+".log"))
+	if err != nil {
+		return nil, err
+	}
+	cmd := exec.Command(bin, args...)
+	cmd.Env = append(os.Environ(), env...)
+	cmd.Stdout, cmd.Stderr = log, log
+	if err := cmd.Start(); err != nil {
+		log.Close()
+		return nil, fmt.Errorf("start %s: %w", name, err)
+	}
+	p := &proc{name: name, cmd: cmd, done: make(chan struct{})}
+	go func() { _ = cmd.Wait(); log.Close(); close(p.done) }()
+	return p, nil
+}
+
+// stop ends the process by its PID: SIGTERM, then SIGKILL after 5 s.
+func (p *proc) stop() {
+	_ = p.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-p.done:
+	case <-time.After(5 * time.Second):
+		_ = p.cmd.Process.Kill()
+		<-p.done
+	}
+}
+
+func freePorts(n int) []string {
+	var lns []net.Listener
+	var addrs []string
+	for range n {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			panic(err)
+		}
+		lns = append(lns, ln)
+		addrs = append(addrs, ln.Addr().String())
+	}
+	for _, ln := range lns {
+		ln.Close()
+	}
+	return addrs
+}
+
+// waitServing waits until addr answers an HTTP request.
+func waitServing(addr string) error {
+	deadline := time.Now().Add(20 * time.Second)
+	c := &http.Client{Timeout: time.Second}
+	for time.Now().Before(deadline) {
+		req, _ := http.NewRequest("GET", "http://"+addr+"/", nil)
+		req.Host = "api.bench"
+		req.Header.Set("X-Tenant-Id", "bench")
+		if resp, err := c.Do(req); err == nil {
+			io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+			if resp.StatusCode == 200 {
+				return nil
+			}
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	return errors.New("not serving after 20 s")
+}
+
+func load(o options, addr string, rate float64) (*loadgen.Result, error) {
+	res, err := loadgen.Run(context.Background(), loadgen.Config{
+		Addr: addr, Host: "api.bench", Path: "/v1/charges/ch_42",
+		Header:      map[string]string{"X-Tenant-Id": "bench"},
+		Concurrency: o.conc, Rate: rate, Warmup: o.warmup, Duration: o.dur,
+	})
+	if err == nil && res.Errors > 0 {
+		err = fmt.Errorf("%d errors, first: %s", res.Errors, res.FirstError)
+	}
+	return res, err
+}
+
+// row is one path's figures in one round.
+type row struct {
+	rps              float64
+	cpu              time.Duration // the path's process CPU per request at saturation
+	rate             float64       // the half-saturation rate of the latency run
+	p50, p99, p999   time.Duration // at that rate
+	d50, d99, d999   time.Duration // direct, at the same rate, just before
+	sat50, sat99     time.Duration // closed-loop latencies at saturation
+	measured, failed bool
+	err              string
+}
+
+func measure(o options, out string, paths []path) error {
+	results := make([][]row, len(paths)) // [path][round]
+	logf, _ := os.Create(filepath.Join(out, "proxy-rounds.txt"))
+	defer logf.Close()
+	fmt.Printf("bench-proxy: %d rounds, %d connections, %v per run (+%v warm-up), %d CPUs shared by generator, upstream and proxies\n",
+		o.rounds, o.conc, o.dur, o.warmup, runtime.NumCPU())
+	fmt.Println("nginx: 2 workers, HTTP/1.1 keep-alive to the upstream (keepalive 128); HAProxy: nbthread 2, keep-alive and http-reuse always;")
+	fmt.Println("warden: GOMAXPROCS 2 (rows marked 1P: a second warden with GOMAXPROCS=1); egress with tenant cap, breaker and pool on;")
+	fmt.Println("fasthttp floor: a bare fasthttp server + HostClient proxy, no checks or controls (the Go floor)")
+	for round := range o.rounds {
+		for i, p := range paths {
+			r := row{}
+			if p.missing != "" {
+				results[i] = append(results[i], r)
+				continue
+			}
+			cpu0 := cpuTime(p.pid)
+			res, err := load(o, p.addr, 0)
+			if err == nil && res.Total > 0 {
+				r.cpu = (cpuTime(p.pid) - cpu0) / time.Duration(res.Total)
+			}
+			if err != nil {
+				r.failed, r.err = true, err.Error()
+				results[i] = append(results[i], r)
+				fmt.Fprintf(logf, "round %d %s saturation: %v\n", round+1, p.name, err)
+				continue
+			}
+			r.rps, r.measured = res.RPS, true
+			r.sat50, r.sat99 = res.Latency.Quantile(0.5), res.Latency.Quantile(0.99)
+			fmt.Fprintf(logf, "round %d %-15s saturation %8.0f req/s p50 %v p99 %v cpu/req %v\n", round+1, p.name, r.rps, r.sat50, r.sat99, r.cpu)
+			results[i] = append(results[i], r)
+		}
+		// Latency at half of each proxy's own saturation, beside the
+		// direct path at the same rate.
+		for i, p := range paths {
+			r := &results[i][round]
+			if i == 0 || !r.measured {
+				continue
+			}
+			r.rate = r.rps / 2
+			d, err := load(o, paths[0].addr, r.rate)
+			if err != nil {
+				r.err = "direct at half rate: " + err.Error()
+				continue
+			}
+			l, err := load(o, p.addr, r.rate)
+			if err != nil {
+				r.err = "at half rate: " + err.Error()
+				continue
+			}
+			r.d50, r.d99, r.d999 = d.Latency.Quantile(0.5), d.Latency.Quantile(0.99), d.Latency.Quantile(0.999)
+			r.p50, r.p99, r.p999 = l.Latency.Quantile(0.5), l.Latency.Quantile(0.99), l.Latency.Quantile(0.999)
+			fmt.Fprintf(logf, "round %d %-15s at %8.0f req/s p50 %v p99 %v p99.9 %v | direct p50 %v p99 %v p99.9 %v\n",
+				round+1, p.name, r.rate, r.p50, r.p99, r.p999, r.d50, r.d99, r.d999)
+		}
+		fmt.Printf("round %d of %d done\n", round+1, o.rounds)
+	}
+	table := render(paths, results)
+	fmt.Print(table)
+	return os.WriteFile(filepath.Join(out, "proxy.txt"), []byte(table), 0o644)
+}
+
+// median of the measured rounds of one path by f.
+func median[T int64 | float64 | time.Duration](rows []row, f func(row) T) (T, int) {
+	var vs []T
+	for _, r := range rows {
+		if r.measured && r.err == "" {
+			vs = append(vs, f(r))
+		}
+	}
+	if len(vs) == 0 {
+		var zero T
+		return zero, 0
+	}
+	slices.Sort(vs)
+	return vs[len(vs)/2], len(vs)
+}
+
+func us(d time.Duration) string { return fmt.Sprintf("%.0fµs", float64(d)/1e3) }
+
+func us1(d time.Duration) string { return fmt.Sprintf("%.1fµs", float64(d)/1e3) }
+
+func render(paths []path, results [][]row) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "\n%-18s %11s %9s %10s %9s %9s %9s\n", "path", "req/s", "CPU/req", "rate", "+p50", "+p99", "+p99.9")
+	rps := map[string]float64{}
+	cpu := map[string]time.Duration{}
+	added99 := map[string]time.Duration{}
+	for i, p := range paths {
+		if p.missing != "" {
+			fmt.Fprintf(&b, "%-18s %s\n", p.name, "not measured: "+p.missing)
+			continue
+		}
+		sat, n := median(results[i], func(r row) float64 { return r.rps })
+		if n == 0 {
+			fmt.Fprintf(&b, "%-18s failed: %s\n", p.name, results[i][0].err)
+			continue
+		}
+		rps[p.name] = sat
+		c, _ := median(results[i], func(r row) time.Duration { return r.cpu })
+		cpu[p.name] = c
+		if i == 0 {
+			s50, _ := median(results[i], func(r row) time.Duration { return r.sat50 })
+			s99, _ := median(results[i], func(r row) time.Duration { return r.sat99 })
+			fmt.Fprintf(&b, "%-18s %11.0f %9s %10s %9s %9s %9s   (upstream alone; at saturation p50 %s p99 %s)\n", p.name, sat, us1(c), "-", "-", "-", "-", us(s50), us(s99))
+			continue
+		}
+		rate, _ := median(results[i], func(r row) float64 { return r.rate })
+		a50, _ := median(results[i], func(r row) time.Duration { return r.p50 - r.d50 })
+		a99, _ := median(results[i], func(r row) time.Duration { return r.p99 - r.d99 })
+		a999, _ := median(results[i], func(r row) time.Duration { return r.p999 - r.d999 })
+		added99[p.name] = a99
+		fmt.Fprintf(&b, "%-18s %11.0f %9s %10.0f %9s %9s %9s\n", p.name, sat, us1(c), rate, us(a50), us(a99), us(a999))
+	}
+	b.WriteString("\nreq/s: closed loop at saturation. CPU/req: the proxy process's CPU per request there (for direct, the\n" +
+		"upstream's). +pNN: latency added over the direct path measured at the same rate, half of that path's\n" +
+		"saturation, open loop. Medians over the rounds.\n")
+	b.WriteString("\nratios (throughput, higher is better; CPU per request, lower is better; added p99):\n")
+	for _, w := range []string{"warden ingress", "warden egress", "warden ingress 1P", "warden egress 1P", "fasthttp floor"} {
+		for _, base := range []string{"nginx", "haproxy"} {
+			if rps[w] == 0 || rps[base] == 0 {
+				continue
+			}
+			cpuRatio := "n/a"
+			if cpu[base] > 0 {
+				cpuRatio = fmt.Sprintf("%.2fx", float64(cpu[w])/float64(cpu[base]))
+			}
+			fmt.Fprintf(&b, "  %-18s / %-8s throughput %.2fx   CPU/req %s   added p99 %s vs %s\n", w, base, rps[w]/rps[base], cpuRatio, us(added99[w]), us(added99[base]))
+		}
+	}
+	if f := cpu["fasthttp floor"]; f > 0 {
+		for _, w := range []string{"warden ingress", "warden egress"} {
+			if cpu[w] > 0 {
+				fmt.Fprintf(&b, "  %-18s / fasthttp floor CPU/req %.2fx (warden's own work: %s per request)\n", w, float64(cpu[w])/float64(f), us1(cpu[w]-f))
+			}
+		}
+	}
+	b.WriteString("\ngoals (warden as shipped, GOMAXPROCS=2): throughput >= 1.0x haproxy and >= 1.3x nginx; added p99 <= 200µs at half of saturation\n")
+	for _, w := range []string{"warden ingress", "warden egress"} {
+		if rps[w] == 0 {
+			continue
+		}
+		check := func(ok bool) string {
+			if ok {
+				return "met"
+			}
+			return "NOT met"
+		}
+		line := fmt.Sprintf("  %-18s", w)
+		if rps["haproxy"] > 0 {
+			line += fmt.Sprintf("  vs haproxy %s", check(rps[w] >= rps["haproxy"]))
+		}
+		if rps["nginx"] > 0 {
+			line += fmt.Sprintf("  vs 1.3x nginx %s", check(rps[w] >= 1.3*rps["nginx"]))
+		}
+		line += fmt.Sprintf("  added p99 %s", check(added99[w] <= 200*time.Microsecond))
+		b.WriteString(line + "\n")
+	}
+	return b.String()
+}

@@ -1,0 +1,87 @@
+package connpool
+
+import (
+	"bufio"
+	"crypto/tls"
+	"net"
+	"time"
+)
+
+// Buffer sizes per upstream connection. The read buffer bounds the
+// response head an upstream may send (16 KiB covers cookie-heavy APIs).
+const (
+	readBufferSize  = 16 << 10
+	writeBufferSize = 8 << 10
+)
+
+// defaultDialTimeout bounds a dial made for an exchange without deadline.
+const defaultDialTimeout = 10 * time.Second
+
+// Conn is one upstream connection with its buffers.
+type Conn struct {
+	nc  net.Conn // what is read and written (TLS when the pool originates it)
+	raw net.Conn // the TCP connection under nc, probed for liveness
+	br  *bufio.Reader
+	bw  *bufio.Writer
+
+	born     int64     // janitor tick the connection was dialled at
+	idleFrom int64     // janitor tick it last went idle
+	reused   bool      // taken from the idle list rather than dialled for this exchange
+	deadline time.Time // the deadline last set on nc
+}
+
+func (p *Pool) dial(deadline time.Time) (*Conn, error) {
+	if deadline.IsZero() {
+		timeout := p.cfg.DialTimeout
+		if timeout <= 0 {
+			timeout = defaultDialTimeout
+		}
+		deadline = time.Now().Add(timeout)
+	}
+	d := net.Dialer{Deadline: deadline, KeepAlive: 30 * time.Second}
+	raw, err := d.Dial("tcp", p.cfg.Addr)
+	if err != nil {
+		return nil, wrap(KindDial, "dial", p.cfg.Addr, err)
+	}
+	nc := raw
+	var set time.Time // the deadline left on the connection
+	if p.tls != nil {
+		tc := tls.Client(raw, p.tls)
+		_ = tc.SetDeadline(deadline)
+		if err := tc.Handshake(); err != nil {
+			raw.Close()
+			return nil, wrap(KindDial, "TLS handshake with", p.cfg.Addr, err)
+		}
+		nc = tc
+		set = deadline
+	}
+	return &Conn{
+		nc: nc, raw: raw, deadline: set,
+		br:   bufio.NewReaderSize(nc, readBufferSize),
+		bw:   bufio.NewWriterSize(nc, writeBufferSize),
+		born: p.set.ticks(),
+	}, nil
+}
+
+// alive reports whether an idle connection can still carry a request: the
+// upstream has neither closed it nor sent anything unasked (a 408, a TLS
+// close_notify). It peeks at the socket without blocking (see peek_*.go).
+func (c *Conn) alive() bool {
+	if c.br.Buffered() > 0 {
+		return false
+	}
+	return peekIdle(c.raw)
+}
+
+func (c *Conn) close() { _ = c.nc.Close() }
+
+// setDeadline bounds the next exchange. Most exchanges on a connection
+// have no deadline (the ingress) or a new one (a target's timeout); the
+// system call is skipped when nothing changes.
+func (c *Conn) setDeadline(t time.Time) error {
+	if t.Equal(c.deadline) {
+		return nil
+	}
+	c.deadline = t
+	return c.nc.SetDeadline(t)
+}

@@ -1,0 +1,583 @@
+package connpool
+
+import (
+	"bufio"
+	"bytes"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"io"
+	"log"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/valyala/fasthttp"
+	"go.uber.org/goleak"
+
+	"github.com/warden-dev/warden/governor/clock"
+	"github.com/warden-dev/warden/internal/fasttest"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m, fasttest.LeakOptions()...) }
+
+// upstream is a fasthttp server on loopback that counts connections.
+type upstream struct {
+	addr    string
+	srv     *fasthttp.Server
+	opened  atomic.Int64
+	closed  atomic.Int64
+	handler atomic.Pointer[fasthttp.RequestHandler]
+}
+
+func startUpstream(t *testing.T, h fasthttp.RequestHandler) *upstream {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	u := &upstream{addr: ln.Addr().String()}
+	u.handler.Store(&h)
+	u.srv = &fasthttp.Server{
+		Handler: func(ctx *fasthttp.RequestCtx) { (*u.handler.Load())(ctx) },
+		ConnState: func(_ net.Conn, st fasthttp.ConnState) {
+			switch st {
+			case fasthttp.StateNew:
+				u.opened.Add(1)
+			case fasthttp.StateClosed:
+				u.closed.Add(1)
+			}
+		},
+		StreamRequestBody: true,
+		CloseOnShutdown:   true,
+	}
+	done := make(chan struct{})
+	go func() { defer close(done); _ = u.srv.Serve(ln) }()
+	t.Cleanup(func() {
+		_ = u.srv.Shutdown()
+		<-done
+	})
+	return u
+}
+
+func newSet(t *testing.T, clk clock.Clock) *Set {
+	t.Helper()
+	s := NewSet(clk, time.Second)
+	t.Cleanup(s.Close)
+	return s
+}
+
+func getRequest(host, uri string) *fasthttp.RequestHeader {
+	var h fasthttp.RequestHeader
+	h.SetMethod("GET")
+	h.SetRequestURI(uri)
+	h.SetHost(host)
+	return &h
+}
+
+type finish struct {
+	once sync.Once
+	done chan error
+}
+
+func newFinish() *finish { return &finish{done: make(chan error, 1)} }
+
+func (f *finish) Finish(err error) { f.once.Do(func() { f.done <- err }) }
+
+// exchange sends req through p and returns the status and the whole body,
+// draining and closing a streamed body like fasthttp's server would.
+func exchange(t *testing.T, p *Pool, req *Request) (int, []byte, error) {
+	t.Helper()
+	var resp fasthttp.Response
+	fin := newFinish()
+	streamed, err := p.Do(req, &resp, fin)
+	if err != nil {
+		return 0, nil, err
+	}
+	if !streamed {
+		return resp.StatusCode(), append([]byte(nil), resp.Body()...), nil
+	}
+	body, rerr := io.ReadAll(resp.BodyStream())
+	_ = resp.CloseBodyStream()
+	if ferr := <-fin.done; ferr != nil && rerr == nil {
+		rerr = ferr
+	}
+	return resp.StatusCode(), body, rerr
+}
+
+func TestBodiesAndReuse(t *testing.T) {
+	big := bytes.Repeat([]byte("0123456789abcdef"), 10000) // 160 KB: streamed
+	u := startUpstream(t, func(ctx *fasthttp.RequestCtx) {
+		switch string(ctx.Path()) {
+		case "/small":
+			ctx.SetBodyString("small")
+		case "/big":
+			ctx.SetBody(big)
+		case "/chunked":
+			ctx.SetBodyStream(bytes.NewReader(big), -1)
+		case "/empty":
+			ctx.SetStatusCode(fasthttp.StatusNoContent)
+		}
+	})
+	p := newSet(t, clock.Real{}).Pool("t", Config{Addr: u.addr})
+	for _, path := range []string{"/small", "/big", "/chunked", "/small", "/empty", "/big"} {
+		st, body, err := exchange(t, p, &Request{Header: getRequest(u.addr, path)})
+		if err != nil {
+			t.Fatalf("%s: %v", path, err)
+		}
+		want := map[string][]byte{"/small": []byte("small"), "/big": big, "/chunked": big, "/empty": nil}[path]
+		if !bytes.Equal(body, want) {
+			t.Fatalf("%s: body of %d bytes, want %d", path, len(body), len(want))
+		}
+		if path == "/empty" && st != 204 {
+			t.Fatalf("/empty: status %d", st)
+		}
+	}
+	if n := u.opened.Load(); n != 1 {
+		t.Fatalf("upstream saw %d connections; all exchanges should reuse one", n)
+	}
+}
+
+func TestHeadResponseHasNoBody(t *testing.T) {
+	u := startUpstream(t, func(ctx *fasthttp.RequestCtx) { ctx.SetBodyString("0123456789") })
+	p := newSet(t, clock.Real{}).Pool("t", Config{Addr: u.addr})
+	h := getRequest(u.addr, "/")
+	h.SetMethod("HEAD")
+	var resp fasthttp.Response
+	streamed, err := p.Do(&Request{Header: h}, &resp, nil)
+	if err != nil || streamed {
+		t.Fatalf("streamed=%v err=%v", streamed, err)
+	}
+	if resp.Header.ContentLength() != 10 || !resp.SkipBody {
+		t.Fatalf("HEAD: length %d skip %v", resp.Header.ContentLength(), resp.SkipBody)
+	}
+	// The connection is reusable: no body bytes were left on it.
+	if _, body, err := exchange(t, p, &Request{Header: getRequest(u.addr, "/")}); err != nil || string(body) != "0123456789" {
+		t.Fatalf("after HEAD: %q %v", body, err)
+	}
+}
+
+// rawServer answers every connection with the script, for framings a
+// well-behaved server library would not produce.
+func rawServer(t *testing.T, script func(c net.Conn, br *bufio.Reader)) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				defer c.Close()
+				script(c, bufio.NewReader(c))
+			}()
+		}
+	}()
+	t.Cleanup(func() { ln.Close(); wg.Wait() })
+	return ln.Addr().String()
+}
+
+func readRequestHead(br *bufio.Reader) error {
+	for {
+		line, err := br.ReadString('\n')
+		if err != nil {
+			return err
+		}
+		if line == "\r\n" {
+			return nil
+		}
+	}
+}
+
+func TestUnframedBodyAndInterimResponses(t *testing.T) {
+	addr := rawServer(t, func(c net.Conn, br *bufio.Reader) {
+		if readRequestHead(br) != nil {
+			return
+		}
+		io.WriteString(c, "HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 103 Early Hints\r\nLink: </a>\r\n\r\n"+
+			"HTTP/1.1 200 OK\r\nConnection: close\r\n\r\nuntil the end")
+	})
+	p := newSet(t, clock.Real{}).Pool("t", Config{Addr: addr})
+	st, body, err := exchange(t, p, &Request{Header: getRequest(addr, "/")})
+	if err != nil || st != 200 || string(body) != "until the end" {
+		t.Fatalf("status %d body %q err %v", st, body, err)
+	}
+	if s := p.Stats(); s.Open != 0 {
+		t.Fatalf("unframed body's connection kept: %+v", s)
+	}
+}
+
+func TestBrokenResponses(t *testing.T) {
+	tests := []struct {
+		name, reply string
+		kind        Kind
+	}{
+		{"closed before response", "", KindUpstream},
+		{"garbage", "SMTP ready\r\n\r\n", KindUpstream},
+		{"upgrade", "HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\n\r\n", KindUpstream},
+		{"short body", "HTTP/1.1 200 OK\r\nContent-Length: 100000\r\n\r\nshort", KindUpstream},
+		{"bad chunk", "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n", KindUpstream},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			addr := rawServer(t, func(c net.Conn, br *bufio.Reader) {
+				if readRequestHead(br) == nil {
+					io.WriteString(c, tc.reply)
+				}
+			})
+			p := newSet(t, clock.Real{}).Pool("t", Config{Addr: addr})
+			_, _, err := exchange(t, p, &Request{Header: getRequest(addr, "/"), Deadline: time.Now().Add(5 * time.Second)})
+			if KindOf(err) != tc.kind {
+				t.Fatalf("err = %v (kind %v), want kind %v", err, KindOf(err), tc.kind)
+			}
+			if s := p.Stats(); s.Open != 0 || s.Idle != 0 {
+				t.Fatalf("broken connection kept: %+v", s)
+			}
+		})
+	}
+}
+
+func TestDialAndTimeoutErrors(t *testing.T) {
+	ln, _ := net.Listen("tcp", "127.0.0.1:0")
+	dead := ln.Addr().String()
+	ln.Close()
+	p := newSet(t, clock.Real{}).Pool("dead", Config{Addr: dead})
+	if _, _, err := exchange(t, p, &Request{Header: getRequest(dead, "/")}); KindOf(err) != KindDial {
+		t.Fatalf("refused: err = %v, want a dial error", err)
+	}
+
+	release := make(chan struct{})
+	u := startUpstream(t, func(ctx *fasthttp.RequestCtx) { <-release })
+	defer close(release)
+	q := newSet(t, clock.Real{}).Pool("slow", Config{Addr: u.addr})
+	_, _, err := exchange(t, q, &Request{Header: getRequest(u.addr, "/"), Deadline: time.Now().Add(50 * time.Millisecond)})
+	if KindOf(err) != KindTimeout {
+		t.Fatalf("slow: err = %v, want a timeout", err)
+	}
+}
+
+func TestMaxConnsQueuesAndTimesOut(t *testing.T) {
+	var inFlight, peak atomic.Int64
+	gate := make(chan struct{})
+	u := startUpstream(t, func(ctx *fasthttp.RequestCtx) {
+		n := inFlight.Add(1)
+		for {
+			p := peak.Load()
+			if n <= p || peak.CompareAndSwap(p, n) {
+				break
+			}
+		}
+		<-gate
+		inFlight.Add(-1)
+	})
+	p := newSet(t, clock.Real{}).Pool("t", Config{Addr: u.addr, MaxConns: 2})
+	var wg sync.WaitGroup
+	errs := make(chan error, 8)
+	for range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			_, _, err := exchange(t, p, &Request{Header: getRequest(u.addr, "/"), Deadline: time.Now().Add(10 * time.Second)})
+			errs <- err
+		}()
+	}
+	// Wait until two are at the upstream and six are queued in the pool.
+	deadline := time.Now().Add(5 * time.Second)
+	for p.Stats().Waiting != 6 || inFlight.Load() != 2 {
+		if time.Now().After(deadline) {
+			t.Fatalf("never saturated: %+v in flight %d", p.Stats(), inFlight.Load())
+		}
+		time.Sleep(time.Millisecond)
+	}
+	// A caller whose deadline passes while queued gets a timeout.
+	_, _, err := exchange(t, p, &Request{Header: getRequest(u.addr, "/"), Deadline: time.Now().Add(20 * time.Millisecond)})
+	if KindOf(err) != KindTimeout {
+		t.Fatalf("queued past deadline: %v", err)
+	}
+	close(gate)
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	if peak.Load() != 2 || u.opened.Load() != 2 {
+		t.Fatalf("peak in flight %d, connections %d; want 2 and 2", peak.Load(), u.opened.Load())
+	}
+}
+
+func TestIdleTimeoutAndStaleConnections(t *testing.T) {
+	clk := clock.NewFake(time.Unix(1_700_000_000, 0))
+	u := startUpstream(t, func(ctx *fasthttp.RequestCtx) { ctx.SetBodyString("ok") })
+	s := newSet(t, clk)
+	p := s.Pool("t", Config{Addr: u.addr, IdleTimeout: 3 * time.Second})
+	if _, _, err := exchange(t, p, &Request{Header: getRequest(u.addr, "/")}); err != nil {
+		t.Fatal(err)
+	}
+	tick := func() {
+		armed := clk.TimerArmed()
+		clk.Advance(time.Second)
+		<-armed // the janitor finished its pass and re-armed
+	}
+	for range 3 {
+		tick()
+	}
+	if st := p.Stats(); st.Idle != 1 {
+		t.Fatalf("idle connection reaped too early: %+v", st)
+	}
+	for range 2 {
+		tick()
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for u.closed.Load() != 1 {
+		if time.Now().After(deadline) {
+			t.Fatalf("idle connection never closed: %+v", p.Stats())
+		}
+		time.Sleep(time.Millisecond)
+	}
+
+	// A connection closed by the upstream while idle is detected before
+	// reuse: the next exchange succeeds on a new connection.
+	if _, _, err := exchange(t, p, &Request{Header: getRequest(u.addr, "/")}); err != nil {
+		t.Fatal(err)
+	}
+	u.handler.Store(ptr(fasthttp.RequestHandler(func(ctx *fasthttp.RequestCtx) {
+		ctx.SetBodyString("ok")
+		ctx.SetConnectionClose()
+	})))
+	if _, _, err := exchange(t, p, &Request{Header: getRequest(u.addr, "/")}); err != nil {
+		t.Fatal(err)
+	}
+	if st := p.Stats(); st.Open != 0 {
+		t.Fatalf("connection the upstream closed is kept: %+v", st)
+	}
+}
+
+func ptr[T any](v T) *T { return &v }
+
+func TestStaleIdleConnectionIsProbed(t *testing.T) {
+	clk := clock.NewFake(time.Unix(1_700_000_000, 0))
+	var conns []net.Conn
+	var mu sync.Mutex
+	addr := rawServer(t, func(c net.Conn, br *bufio.Reader) {
+		mu.Lock()
+		conns = append(conns, c)
+		mu.Unlock()
+		for readRequestHead(br) == nil {
+			io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+		}
+	})
+	s := newSet(t, clk)
+	p := s.Pool("t", Config{Addr: addr})
+	if _, _, err := exchange(t, p, &Request{Header: getRequest(addr, "/")}); err != nil {
+		t.Fatal(err)
+	}
+	mu.Lock()
+	conns[0].Close() // the upstream closes the idle connection
+	mu.Unlock()
+	armed := clk.TimerArmed()
+	clk.Advance(time.Second)
+	<-armed
+	if _, body, err := exchange(t, p, &Request{Header: getRequest(addr, "/")}); err != nil || string(body) != "ok" {
+		t.Fatalf("exchange after the upstream closed the idle connection: %q %v", body, err)
+	}
+}
+
+func TestRequestBodies(t *testing.T) {
+	u := startUpstream(t, func(ctx *fasthttp.RequestCtx) {
+		n, err := io.Copy(io.Discard, ctx.RequestBodyStream())
+		if err != nil {
+			ctx.SetStatusCode(400)
+			return
+		}
+		fmt.Fprintf(ctx, "%d %s", n, ctx.Request.Header.Peek("Transfer-Encoding"))
+	})
+	p := newSet(t, clock.Real{}).Pool("t", Config{Addr: u.addr})
+	payload := strings.Repeat("x", 100_000)
+	post := func(cl int) *fasthttp.RequestHeader {
+		h := getRequest(u.addr, "/")
+		h.SetMethod("POST")
+		h.SetContentLength(cl)
+		return h
+	}
+	for name, req := range map[string]*Request{
+		"buffered": {Header: post(len(payload)), Body: []byte(payload)},
+		"fixed":    {Header: post(len(payload)), Stream: strings.NewReader(payload)},
+		"chunked":  {Header: post(-1), Stream: strings.NewReader(payload)},
+	} {
+		_, body, err := exchange(t, p, req)
+		if err != nil {
+			t.Fatalf("%s: %v", name, err)
+		}
+		want := "100000 "
+		if name == "chunked" {
+			want += "chunked"
+		}
+		if string(body) != want {
+			t.Fatalf("%s: upstream read %q, want %q", name, body, want)
+		}
+	}
+	// A client body that ends early is the client's failure.
+	_, _, err := exchange(t, p, &Request{Header: post(10), Stream: strings.NewReader("short")})
+	if KindOf(err) != KindClient {
+		t.Fatalf("short client body: %v", err)
+	}
+	_, _, err = exchange(t, p, &Request{Header: post(-1), Stream: io.MultiReader(strings.NewReader("x"), errReader{})})
+	if KindOf(err) != KindClient {
+		t.Fatalf("failing client body: %v", err)
+	}
+}
+
+type errReader struct{}
+
+func (errReader) Read([]byte) (int, error) { return 0, errors.New("client went away") }
+
+func TestTLSOrigination(t *testing.T) {
+	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		fmt.Fprintf(w, "tls=%v host=%s", r.TLS != nil, r.Host)
+	}))
+	srv.Config.ErrorLog = log.New(io.Discard, "", 0) // the untrusted handshake below is expected
+	srv.StartTLS()
+	defer srv.Close()
+	addr := srv.Listener.Addr().String()
+	cfg := srv.Client().Transport.(*http.Transport).TLSClientConfig.Clone()
+	cfg.ServerName = "example.com" // httptest's certificate names example.com
+	p := newSet(t, clock.Real{}).Pool("tls", Config{Addr: addr, TLS: cfg})
+	_, body, err := exchange(t, p, &Request{Header: getRequest("api.example.com", "/")})
+	if err != nil || string(body) != "tls=true host=api.example.com" {
+		t.Fatalf("%q %v", body, err)
+	}
+	bad := newSet(t, clock.Real{}).Pool("untrusted", Config{Addr: addr, TLS: &tls.Config{ServerName: "example.com"}})
+	if _, _, err := exchange(t, bad, &Request{Header: getRequest("x", "/")}); KindOf(err) != KindDial {
+		t.Fatalf("untrusted certificate: %v", err)
+	}
+}
+
+func TestReplacedPoolFinishesInFlight(t *testing.T) {
+	gate := make(chan struct{})
+	entered := make(chan struct{}, 1)
+	u := startUpstream(t, func(ctx *fasthttp.RequestCtx) {
+		if string(ctx.Path()) == "/slow" {
+			entered <- struct{}{}
+			<-gate
+		}
+		ctx.SetBodyString("ok")
+	})
+	s := newSet(t, clock.Real{})
+	old := s.Pool("t", Config{Addr: u.addr, MaxConns: 4})
+	if same := s.Pool("t", Config{Addr: u.addr, MaxConns: 4}); same != old {
+		t.Fatal("unchanged settings gave a new pool")
+	}
+	done := make(chan error, 1)
+	go func() {
+		_, body, err := exchange(t, old, &Request{Header: getRequest(u.addr, "/slow")})
+		if err == nil && string(body) != "ok" {
+			err = fmt.Errorf("body %q", body)
+		}
+		done <- err
+	}()
+	<-entered
+	repl := s.Pool("t", Config{Addr: u.addr, MaxConns: 8})
+	if repl == old {
+		t.Fatal("changed settings kept the old pool")
+	}
+	if _, _, err := exchange(t, repl, &Request{Header: getRequest(u.addr, "/")}); err != nil {
+		t.Fatal(err)
+	}
+	close(gate)
+	if err := <-done; err != nil {
+		t.Fatalf("in-flight exchange on the replaced pool: %v", err)
+	}
+	if st := old.Stats(); st.Open != 0 || st.Idle != 0 {
+		t.Fatalf("replaced pool kept its connection: %+v", st)
+	}
+	s.Retain(func(string) bool { return false })
+	if s.Len() != 0 {
+		t.Fatalf("Retain kept %d pools", s.Len())
+	}
+}
+
+func TestDynamicPoolsAreDropped(t *testing.T) {
+	clk := clock.NewFake(time.Unix(1_700_000_000, 0))
+	u := startUpstream(t, func(ctx *fasthttp.RequestCtx) {})
+	s := newSet(t, clk)
+	p := s.Dynamic([]byte(u.addr), Config{Addr: u.addr, IdleTimeout: time.Second})
+	if s.Dynamic([]byte(u.addr), Config{Addr: u.addr, IdleTimeout: time.Second}) != p {
+		t.Fatal("dynamic pool not shared")
+	}
+	if _, _, err := exchange(t, p, &Request{Header: getRequest(u.addr, "/")}); err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; s.Len() > 0; i++ {
+		if i > 10 {
+			t.Fatalf("dynamic pool never dropped: %+v", p.Stats())
+		}
+		armed := clk.TimerArmed()
+		clk.Advance(time.Second)
+		<-armed
+	}
+}
+
+// TestDeadlineNotLeftOver: a deadline set for one exchange (or for a TLS
+// handshake) must not cut a later exchange on the same connection that
+// has none.
+func TestDeadlineNotLeftOver(t *testing.T) {
+	var slow atomic.Bool
+	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if slow.Load() {
+			time.Sleep(400 * time.Millisecond)
+		}
+		io.WriteString(w, "ok")
+	}))
+	srv.StartTLS()
+	defer srv.Close()
+	cfg := srv.Client().Transport.(*http.Transport).TLSClientConfig
+	p := newSet(t, clock.Real{}).Pool("tls", Config{Addr: srv.Listener.Addr().String(), TLS: cfg, ServerName: "example.com",
+		DialTimeout: 200 * time.Millisecond})
+	if _, _, err := exchange(t, p, &Request{Header: getRequest("x", "/")}); err != nil {
+		t.Fatal(err)
+	}
+	slow.Store(true)
+	if _, body, err := exchange(t, p, &Request{Header: getRequest("x", "/")}); err != nil || string(body) != "ok" {
+		t.Fatalf("exchange without deadline after one with: %q %v", body, err)
+	}
+}
+
+// TestMaxLifetimeRetires: connections are replaced after MaxLifetime, so
+// a new dial (and a new DNS answer) is used even under steady reuse.
+func TestMaxLifetimeRetires(t *testing.T) {
+	clk := clock.NewFake(time.Unix(1_700_000_000, 0))
+	u := startUpstream(t, func(ctx *fasthttp.RequestCtx) {})
+	p := newSet(t, clk).Pool("t", Config{Addr: u.addr, MaxLifetime: 3 * time.Second})
+	for round := range 3 {
+		// Busy within a tick: the same connection every time.
+		for range 5 {
+			if _, _, err := exchange(t, p, &Request{Header: getRequest(u.addr, "/")}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if n := u.opened.Load(); n != int64(round+1) {
+			t.Fatalf("round %d: %d connections", round, n)
+		}
+		for range 4 {
+			armed := clk.TimerArmed()
+			clk.Advance(time.Second)
+			<-armed
+		}
+	}
+}

@@ -1,0 +1,207 @@
+package connpool
+
+import (
+	"errors"
+	"io"
+	"sync"
+	"time"
+
+	"github.com/valyala/fasthttp"
+)
+
+// Request is one exchange to send through a Pool.
+type Request struct {
+	// Header is written as is: the caller has set the origin-form target,
+	// Host, and the framing (Content-Length, or chunked with -1).
+	Header *fasthttp.RequestHeader
+	// Body is the whole body when Stream is nil.
+	Body []byte
+	// Stream, when set, is the body, read while sending:
+	// Header.ContentLength() bytes, or chunked until EOF when that is -1.
+	Stream io.Reader
+	// Deadline bounds the whole exchange, streamed response body included.
+	// Zero means none.
+	Deadline time.Time
+}
+
+// InlineBodyMax is the largest response body of known length that Do reads
+// whole; longer, chunked and unframed bodies are streamed.
+const InlineBodyMax = 64 << 10
+
+// maxInterim bounds the 1xx responses skipped before the final one.
+const maxInterim = 16
+
+var (
+	errUpgrade      = errors.New("upstream switched protocols; upgrades are not proxied")
+	errTooManyInfos = errors.New("too many 1xx responses")
+)
+
+// Do sends req and reads the response head into resp. A body up to
+// InlineBodyMax of known length is read into resp too, and the connection
+// is back in the pool when Do returns (streamed is false). Otherwise resp's
+// body stream is a *Body still holding the connection: it is released, and
+// fin told, when the stream is closed (streamed is true). fin is not used
+// when streamed is false or err is not nil.
+//
+// Do never sends a request twice. An error is an *Error saying which side
+// failed.
+func (p *Pool) Do(req *Request, resp *fasthttp.Response, fin Finisher) (streamed bool, err error) {
+	c, err := p.acquire(req.Deadline)
+	if err != nil {
+		return false, err
+	}
+	if err := c.setDeadline(req.Deadline); err != nil {
+		p.discard(c)
+		return false, wrap(KindUpstream, "set deadline on", p.cfg.Addr, err)
+	}
+	if err := p.writeRequest(c, req); err != nil {
+		p.discard(c)
+		return false, err
+	}
+	if err := p.readHead(c, resp); err != nil {
+		p.discard(c)
+		return false, err
+	}
+	keepAlive := !resp.Header.ConnectionClose() && !req.Header.ConnectionClose()
+	status := resp.Header.StatusCode()
+	if req.Header.IsHead() || status == fasthttp.StatusNoContent || status == fasthttp.StatusNotModified {
+		resp.SkipBody = req.Header.IsHead()
+		p.release(c, keepAlive)
+		return false, nil
+	}
+	switch cl := resp.Header.ContentLength(); {
+	case cl >= 0 && cl <= InlineBodyMax:
+		if err := resp.ReadBody(c.br, 0); err != nil {
+			p.discard(c)
+			return false, wrap(KindUpstream, "read response body from", p.cfg.Addr, err)
+		}
+		p.release(c, keepAlive)
+		return false, nil
+	case cl >= 0:
+		resp.SetBodyStream(newBody(p, c, modeLength, int64(cl), keepAlive, fin), cl)
+	case cl == -1:
+		resp.SetBodyStream(newBody(p, c, modeChunked, 0, keepAlive, fin), -1)
+	default:
+		// No framing: the body ends when the upstream closes. The client
+		// gets it chunked, so its own connection stays usable.
+		resp.SetBodyStream(newBody(p, c, modeUntilClose, 0, false, fin), -1)
+	}
+	return true, nil
+}
+
+func (p *Pool) readHead(c *Conn, resp *fasthttp.Response) error {
+	for range maxInterim {
+		if err := resp.Header.Read(c.br); err != nil {
+			if errors.Is(err, io.EOF) {
+				err = io.ErrUnexpectedEOF
+			}
+			return wrap(KindUpstream, "read response from", p.cfg.Addr, err)
+		}
+		switch st := resp.Header.StatusCode(); {
+		case st == fasthttp.StatusSwitchingProtocols:
+			return &Error{Kind: KindUpstream, Op: "read response from", Addr: p.cfg.Addr, Err: errUpgrade}
+		case st >= 100 && st < 200:
+			continue // 100 Continue, 103 Early Hints: the final response follows
+		}
+		return nil
+	}
+	return &Error{Kind: KindUpstream, Op: "read response from", Addr: p.cfg.Addr, Err: errTooManyInfos}
+}
+
+func (p *Pool) writeRequest(c *Conn, req *Request) error {
+	bw := c.bw
+	if _, err := bw.Write(req.Header.Header()); err != nil {
+		return wrap(KindUpstream, "write request to", p.cfg.Addr, err)
+	}
+	var err error
+	switch cl := req.Header.ContentLength(); {
+	case req.Stream == nil:
+		_, err = bw.Write(req.Body)
+	case cl >= 0:
+		err = copyFixed(bw, req.Stream, int64(cl))
+	default:
+		err = copyChunked(bw, req.Stream)
+	}
+	if err == nil {
+		err = bw.Flush()
+	}
+	if err != nil {
+		var ce errClientBody
+		if errors.As(err, &ce) {
+			return &Error{Kind: KindClient, Op: "forward request body to", Addr: p.cfg.Addr, Err: ce.err}
+		}
+		return wrap(KindUpstream, "write request to", p.cfg.Addr, err)
+	}
+	return nil
+}
+
+// copyFixed copies exactly n body bytes from r, reading straight into the
+// writer's free buffer.
+func copyFixed(bw interface {
+	Available() int
+	AvailableBuffer() []byte
+	Write([]byte) (int, error)
+	Flush() error
+}, r io.Reader, n int64) error {
+	for n > 0 {
+		if bw.Available() == 0 {
+			if err := bw.Flush(); err != nil {
+				return err
+			}
+		}
+		buf := bw.AvailableBuffer()
+		buf = buf[:min(int64(cap(buf)), n)]
+		m, err := r.Read(buf)
+		if m > 0 {
+			_, _ = bw.Write(buf[:m]) // within Available: cannot fail
+			n -= int64(m)
+		}
+		if err == io.EOF {
+			if n > 0 {
+				return errClientBody{io.ErrUnexpectedEOF}
+			}
+			return nil
+		}
+		if err != nil {
+			return errClientBody{err}
+		}
+	}
+	return nil
+}
+
+var chunkBufs = sync.Pool{New: func() any { return new([32 << 10]byte) }}
+
+// copyChunked copies r to the writer in the chunked coding.
+func copyChunked(bw interface {
+	Write([]byte) (int, error)
+}, r io.Reader) error {
+	buf := chunkBufs.Get().(*[32 << 10]byte)
+	defer chunkBufs.Put(buf)
+	var head [20]byte
+	for {
+		m, err := r.Read(buf[:])
+		if m > 0 {
+			if _, werr := bw.Write(appendChunkHeader(head[:0], m)); werr != nil {
+				return werr
+			}
+			if _, werr := bw.Write(buf[:m]); werr != nil {
+				return werr
+			}
+			if _, werr := bw.Write(crlf); werr != nil {
+				return werr
+			}
+		}
+		if err == io.EOF {
+			_, werr := bw.Write(lastChunk)
+			return werr
+		}
+		if err != nil {
+			return errClientBody{err}
+		}
+	}
+}
+
+var (
+	crlf      = []byte("\r\n")
+	lastChunk = []byte("0\r\n\r\n")
+)

@@ -1,0 +1,127 @@
+package fasttest
+
+import (
+	"bufio"
+	"io"
+	"net"
+	"net/http"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/valyala/fasthttp"
+)
+
+// Upstream is a fasthttp server on loopback that counts what reaches it:
+// requests reaching the handler, requests in the handler at once (and the
+// peak), connections opened.
+type Upstream struct {
+	Addr     string
+	Srv      *fasthttp.Server
+	Requests atomic.Int64
+	InFlight atomic.Int64
+	Peak     atomic.Int64
+	Conns    atomic.Int64
+
+	handler atomic.Pointer[fasthttp.RequestHandler]
+	mu      sync.Mutex
+	paths   []string
+	// NoPaths stops recording paths (benchmarks: recording allocates).
+	NoPaths atomic.Bool
+}
+
+// StartUpstream serves h on 127.0.0.1 until the test ends. Request bodies
+// are streamed to h (ctx.RequestBodyStream) so large uploads need no
+// memory.
+func StartUpstream(t testing.TB, h fasthttp.RequestHandler) *Upstream {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	u := &Upstream{Addr: ln.Addr().String()}
+	u.Handle(h)
+	u.Srv = &fasthttp.Server{
+		Handler: func(ctx *fasthttp.RequestCtx) {
+			u.Requests.Add(1)
+			if !u.NoPaths.Load() {
+				u.mu.Lock()
+				u.paths = append(u.paths, string(ctx.Path()))
+				u.mu.Unlock()
+			}
+			n := u.InFlight.Add(1)
+			for p := u.Peak.Load(); n > p && !u.Peak.CompareAndSwap(p, n); p = u.Peak.Load() {
+			}
+			defer u.InFlight.Add(-1)
+			(*u.handler.Load())(ctx)
+		},
+		ConnState: func(_ net.Conn, st fasthttp.ConnState) {
+			if st == fasthttp.StateNew {
+				u.Conns.Add(1)
+			}
+		},
+		StreamRequestBody: true,
+		CloseOnShutdown:   true,
+		NoDefaultDate:     true,
+		Logger:            quiet{},
+	}
+	done := make(chan struct{})
+	go func() { defer close(done); _ = u.Srv.Serve(ln) }()
+	t.Cleanup(func() {
+		_ = u.Srv.Shutdown()
+		<-done
+	})
+	return u
+}
+
+// Handle replaces the handler.
+func (u *Upstream) Handle(h fasthttp.RequestHandler) { u.handler.Store(&h) }
+
+// Paths lists the paths of the requests that reached the handler.
+func (u *Upstream) Paths() []string {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	return append([]string(nil), u.paths...)
+}
+
+// Raw sends raw bytes to addr and reads one response. The connection is
+// closed afterwards.
+func Raw(t testing.TB, addr, raw string) (*http.Response, []byte) {
+	t.Helper()
+	c, err := net.DialTimeout("tcp", addr, 5*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(10 * time.Second))
+	if _, err := io.WriteString(c, raw); err != nil {
+		t.Fatal(err)
+	}
+	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+	if err != nil {
+		t.Fatalf("reading the response to %q: %v", raw, err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	return resp, body
+}
+
+// WaitFor polls cond until it holds or 10 s pass; for conditions produced
+// by other goroutines the test cannot otherwise wait on.
+func WaitFor(t testing.TB, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+// quiet drops fasthttp's log lines (its warning about Request.Body() on a
+// streamed body is expected from test handlers).
+type quiet struct{}
+
+func (quiet) Printf(string, ...any) {}

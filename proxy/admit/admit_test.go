@@ -1,0 +1,81 @@
+package admit
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/warden-dev/warden/governor/breaker"
+	"github.com/warden-dev/warden/governor/clock"
+	"github.com/warden-dev/warden/governor/pool"
+	"github.com/warden-dev/warden/governor/tenant"
+	"github.com/warden-dev/warden/governor/window"
+	"github.com/warden-dev/warden/policy"
+)
+
+var t0 = time.Date(2026, 3, 2, 10, 0, 20, 0, time.UTC)
+
+func TestOrderAndGiveBack(t *testing.T) {
+	clk := clock.NewFake(t0)
+	counter := window.NewMemory(clk)
+	pools := pool.NewSet([]policy.Pool{
+		{Name: "rated", Rate: 5, Window: 60},
+		{Name: "full", Concurrency: 1},
+	}, counter, clk, nil)
+	caps := tenant.New("egress", &policy.TenantCap{Header: "x-tenant-id", Rate: 100, Window: 60}, nil, counter)
+	b := breaker.New("api", policy.CircuitBreaker{Enabled: true, FailureRatio: 0.5, MinimumRequests: 1, Window: time.Minute, Open: 5 * time.Second, MaxOpen: time.Minute}, clk)
+	tg := &Target{Name: "api", Breaker: b, Pools: []*pool.Pool{pools.Get("rated"), pools.Get("full")}}
+
+	var held Admission
+	if _, ok := Admit(context.Background(), &held, tg, caps, []byte("acme"), "egress", t0); !ok {
+		t.Fatal("first request refused")
+	}
+	// "full" has no room: the rate slot "rated" granted is given back.
+	var second Admission
+	ref, ok := Admit(context.Background(), &second, tg, caps, []byte("acme"), "egress", t0)
+	if ok || ref.Control != pool.ControlQueue || ref.Scope != "full" || ref.Pool == nil {
+		t.Fatalf("second request: %+v ok=%v", ref, ok)
+	}
+	if s := pools.Get("rated").Snapshot(t0); s.Count != 1 {
+		t.Fatalf("refused request kept its rate slot: count %d", s.Count)
+	}
+	held.Ticket.Done(breaker.Failure)
+	held.Release()
+	// The breaker opened on the failure: refused before any pool is asked.
+	var third Admission
+	ref, ok = Admit(context.Background(), &third, tg, caps, []byte("acme"), "egress", t0)
+	if ok || ref.Control != "circuit_breaker" || ref.Scope != "api" || ref.RetryAfter != 5*time.Second {
+		t.Fatalf("open breaker: %+v ok=%v", ref, ok)
+	}
+	if s := pools.Get("rated").Snapshot(t0); s.Count != 1 {
+		t.Fatalf("a request the breaker refused took a rate slot: count %d", s.Count)
+	}
+	// The tenant cap comes first of all.
+	small := tenant.New("egress", &policy.TenantCap{Header: "x-tenant-id", Rate: 1, Window: 60}, nil, counter)
+	small.Check([]byte("acme"), t0)
+	ref, ok = Admit(context.Background(), &third, tg, small, []byte("acme"), "egress", t0)
+	if ok || ref.Control != tenant.Control || ref.Scope != "egress" || ref.Tenant.Quota() != "tenant:acme" {
+		t.Fatalf("tenant cap: %+v ok=%v", ref, ok)
+	}
+}
+
+func TestHalfOpenProbeGivenBackOnPoolRefusal(t *testing.T) {
+	clk := clock.NewFake(t0)
+	counter := window.NewMemory(clk)
+	pools := pool.NewSet([]policy.Pool{{Name: "full", Concurrency: 1}}, counter, clk, nil)
+	b := breaker.New("api", policy.CircuitBreaker{Enabled: true, FailureRatio: 0.5, MinimumRequests: 1, Window: time.Minute, Open: 5 * time.Second, MaxOpen: time.Minute}, clk)
+	tk, _, _ := b.Allow()
+	tk.Done(breaker.Failure)
+	clk.Advance(5 * time.Second)
+	occupant, _ := pools.Get("full").Acquire(context.Background(), 0, t0)
+	tg := &Target{Name: "api", Breaker: b, Pools: []*pool.Pool{pools.Get("full")}}
+	var a Admission
+	if _, ok := Admit(context.Background(), &a, tg, nil, nil, "egress", clk.Now()); ok {
+		t.Fatal("admitted through a full pool")
+	}
+	occupant.Release()
+	// The probe slot taken before the pool refused is free again.
+	if _, ok := Admit(context.Background(), &a, tg, nil, nil, "egress", clk.Now()); !ok {
+		t.Fatal("the half-open probe slot was not given back")
+	}
+}

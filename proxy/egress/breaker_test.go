@@ -1,0 +1,224 @@
+package egress
+
+import (
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/valyala/fasthttp"
+
+	"github.com/warden-dev/warden/internal/fasttest"
+)
+
+const flakyBreaker = "circuit_breaker: { enabled: true, failure_ratio: 0.5, minimum_requests: 4, window: 30s, open: 5s, max_open: 60s }"
+
+// statusUpstream answers with whatever status is set, and can hold
+// requests at a gate.
+type statusUpstream struct {
+	*fasttest.Upstream
+	status atomic.Int64
+	gate   atomic.Pointer[chan struct{}]
+}
+
+func startStatusUpstream(t *testing.T) *statusUpstream {
+	s := &statusUpstream{}
+	s.status.Store(200)
+	s.Upstream = fasttest.StartUpstream(t, func(ctx *fasthttp.RequestCtx) {
+		if g := s.gate.Load(); g != nil {
+			<-*g
+		}
+		ctx.SetStatusCode(int(s.status.Load()))
+		ctx.WriteString("upstream says " + strings.Repeat("x", 3))
+	})
+	return s
+}
+
+func breakerFixture(t *testing.T, cb string) (*fixture, *statusUpstream, string) {
+	up := startStatusUpstream(t)
+	yaml := egressPolicy("  allow_unlisted: false", "targets:\n"+target("flaky", []string{"flaky.test"}, "http://"+up.Addr, cb))
+	return start(t, yaml, nil), up, yaml
+}
+
+// trip sends n failing requests that must all reach the upstream.
+func trip(t *testing.T, f *fixture, up *statusUpstream, n int) {
+	t.Helper()
+	up.status.Store(503)
+	for i := range n {
+		before := up.Requests.Load()
+		if r := f.do(t, "GET", "http://flaky.test/", nil); r.status != 503 || r.header.Get("X-Warden-Control") != "" {
+			t.Fatalf("failure %d: %+v", i+1, r)
+		}
+		if up.Requests.Load() != before+1 {
+			t.Fatalf("failure %d did not reach the upstream", i+1)
+		}
+	}
+}
+
+func expectOpen(t *testing.T, f *fixture, up *statusUpstream, retryAfter string) {
+	t.Helper()
+	before := up.Requests.Load()
+	r := f.do(t, "GET", "http://flaky.test/", nil)
+	if r.status != 503 || r.header.Get("X-Warden-Control") != "circuit_breaker" || r.header.Get("Retry-After") != retryAfter ||
+		r.body != `{"control":"circuit_breaker","target":"flaky","retryAfterSeconds":`+retryAfter+`}` {
+		t.Fatalf("want a fast failure with Retry-After %s, got %+v", retryAfter, r)
+	}
+	if up.Requests.Load() != before {
+		t.Fatal("an open breaker let a request reach the upstream")
+	}
+}
+
+func TestBreakerOpensAndFailsFast(t *testing.T) {
+	f, up, _ := breakerFixture(t, flakyBreaker)
+	trip(t, f, up, 3) // below minimum_requests: never opens
+	if r := f.do(t, "GET", "http://flaky.test/", nil); r.status != 503 || r.header.Get("X-Warden-Control") != "" {
+		t.Fatalf("4th failure should still reach the upstream: %+v", r)
+	}
+	expectOpen(t, f, up, "5")
+	f.clk.Advance(2 * time.Second)
+	expectOpen(t, f, up, "3")
+	if n := fasttest.Value(f.gov.Metrics.Rejections.WithLabelValues("circuit_breaker", "flaky")); n != 2 {
+		t.Fatalf("rejections{circuit_breaker,flaky} = %v", n)
+	}
+	if n := fasttest.Value(f.gov.Metrics.BreakerState.WithLabelValues("flaky")); n != 2 {
+		t.Fatalf("warden_breaker_state{flaky} = %v, want 2 (open)", n)
+	}
+}
+
+// TestBreakerSingleProbe: after open, 50 concurrent callers get exactly one
+// probe to the upstream; a successful probe closes the breaker.
+func TestBreakerSingleProbe(t *testing.T) {
+	f, up, _ := breakerFixture(t, flakyBreaker)
+	trip(t, f, up, 4)
+	expectOpen(t, f, up, "5")
+	f.clk.Advance(5 * time.Second)
+	gate := make(chan struct{})
+	var once sync.Once
+	open := func() { once.Do(func() { close(gate) }) }
+	defer open()
+	up.gate.Store(&gate)
+	up.status.Store(200)
+	before := up.Requests.Load()
+	var wg sync.WaitGroup
+	var fast, ok, other atomic.Int64
+	for range 50 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			r, _ := f.try("GET", "http://flaky.test/", nil)
+			switch {
+			case r.status == 503 && r.header.Get("X-Warden-Control") == "circuit_breaker":
+				fast.Add(1)
+			case r.status == 200:
+				ok.Add(1)
+			default:
+				other.Add(1)
+			}
+		}()
+	}
+	fasttest.WaitFor(t, "49 fast failures", func() bool { return fast.Load() == 49 })
+	if n := up.Requests.Load() - before; n != 1 {
+		t.Fatalf("%d probes reached the upstream, want exactly 1", n)
+	}
+	open()
+	wg.Wait()
+	up.gate.Store(nil)
+	if ok.Load() != 1 || other.Load() != 0 {
+		t.Fatalf("probe results: ok %d other %d", ok.Load(), other.Load())
+	}
+	// Closed again: requests flow.
+	for range 5 {
+		if r := f.do(t, "GET", "http://flaky.test/", nil); r.status != 200 {
+			t.Fatalf("after a successful probe: %+v", r)
+		}
+	}
+}
+
+func TestBreakerFailedProbeDoublesOpen(t *testing.T) {
+	f, up, _ := breakerFixture(t, flakyBreaker)
+	trip(t, f, up, 4)
+	f.clk.Advance(5 * time.Second)
+	// The probe fails: open again, for 10 s now.
+	if r := f.do(t, "GET", "http://flaky.test/", nil); r.status != 503 || r.header.Get("X-Warden-Control") != "" {
+		t.Fatalf("probe should reach the upstream: %+v", r)
+	}
+	expectOpen(t, f, up, "10")
+	f.clk.Advance(5 * time.Second)
+	expectOpen(t, f, up, "5")
+	f.clk.Advance(5 * time.Second)
+	up.status.Store(200)
+	if r := f.do(t, "GET", "http://flaky.test/", nil); r.status != 200 {
+		t.Fatalf("probe after the doubled open: %+v", r)
+	}
+}
+
+// TestBreakerClassification: only server-side trouble counts.
+func TestBreakerClassification(t *testing.T) {
+	tests := []struct {
+		name   string
+		status int
+		opens  bool
+	}{
+		{"404 storm", 404, false},
+		{"422", 422, false},
+		{"500", 500, true},
+		{"503", 503, true},
+		{"429", 429, true},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			f, up, _ := breakerFixture(t, flakyBreaker)
+			up.status.Store(int64(tc.status))
+			for range 20 {
+				f.do(t, "GET", "http://flaky.test/", nil)
+			}
+			opened := up.Requests.Load() < 20
+			if opened != tc.opens {
+				t.Fatalf("%d × %d: upstream saw %d requests; opened=%v, want %v", 20, tc.status, up.Requests.Load(), opened, tc.opens)
+			}
+		})
+	}
+	t.Run("timeouts", func(t *testing.T) {
+		up := startStatusUpstream(t)
+		gate := make(chan struct{})
+		defer close(gate)
+		up.gate.Store(&gate)
+		f := start(t, egressPolicy("  allow_unlisted: false", "targets:\n"+
+			target("flaky", []string{"flaky.test"}, "http://"+up.Addr, flakyBreaker+"\ntimeout: 50ms")), nil)
+		for range 4 {
+			if r := f.do(t, "GET", "http://flaky.test/", nil); r.status != 504 {
+				t.Fatalf("timeout: %+v", r)
+			}
+		}
+		expectOpen(t, f, up, "5")
+	})
+	t.Run("connection errors", func(t *testing.T) {
+		f := start(t, egressPolicy("  allow_unlisted: false", "targets:\n"+
+			target("flaky", []string{"flaky.test"}, "http://"+freeAddr(t), flakyBreaker)), nil)
+		for range 4 {
+			if r := f.do(t, "GET", "http://flaky.test/", nil); r.status != 502 {
+				t.Fatalf("connection refused: %+v", r)
+			}
+		}
+		if r := f.do(t, "GET", "http://flaky.test/", nil); r.status != 503 || r.header.Get("X-Warden-Control") != "circuit_breaker" {
+			t.Fatalf("breaker did not open on connection errors: %+v", r)
+		}
+	})
+}
+
+// TestReloadKeepsBreakerState: a reload that keeps the target's name and
+// breaker settings keeps the open breaker; changed settings start afresh.
+func TestReloadKeepsBreakerState(t *testing.T) {
+	f, up, yaml := breakerFixture(t, flakyBreaker)
+	trip(t, f, up, 4)
+	expectOpen(t, f, up, "5")
+	other := fasttest.StartUpstream(t, func(ctx *fasthttp.RequestCtx) {})
+	f.reload(t, yaml+target("other", []string{"other.test"}, "http://"+other.Addr, ""))
+	expectOpen(t, f, up, "5")
+	f.reload(t, strings.Replace(yaml, "open: 5s", "open: 6s", 1))
+	up.status.Store(200)
+	if r := f.do(t, "GET", "http://flaky.test/", nil); r.status != 200 {
+		t.Fatalf("changed breaker settings kept the old state: %+v", r)
+	}
+}

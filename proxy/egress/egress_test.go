@@ -1,0 +1,275 @@
+package egress
+
+import (
+	"bufio"
+	"context"
+	"crypto/tls"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"net/url"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/valyala/fasthttp"
+
+	"github.com/warden-dev/warden/internal/fasttest"
+)
+
+func TestAbsoluteFormAndHopByHop(t *testing.T) {
+	up := fasttest.StartUpstream(t, func(ctx *fasthttp.RequestCtx) {
+		fmt.Fprintf(ctx, "%s %s host=%s conn=%q proxy=%q hop=%q", ctx.Method(), ctx.Request.Header.RequestURI(), ctx.Host(),
+			ctx.Request.Header.Peek("Connection"), ctx.Request.Header.Peek("Proxy-Authorization"), ctx.Request.Header.Peek("X-Hop"))
+	})
+	f := start(t, egressPolicy("  allow_unlisted: true", ""), nil)
+	resp, body := fasttest.Raw(t, f.addr, "GET http://"+up.Addr+"/a/b?c=1 HTTP/1.1\r\nHost: "+up.Addr+
+		"\r\nProxy-Authorization: Basic x\r\nConnection: X-Hop\r\nX-Hop: 1\r\n\r\n")
+	want := fmt.Sprintf(`GET /a/b?c=1 host=%s conn="" proxy="" hop=""`, up.Addr)
+	if resp.StatusCode != 200 || string(body) != want {
+		t.Fatalf("%d %q\nwant %q", resp.StatusCode, body, want)
+	}
+	// Through a real HTTP_PROXY client, and counted under the unlisted label.
+	if r := f.do(t, "GET", "http://"+up.Addr+"/x", nil); r.status != 200 {
+		t.Fatalf("%+v", r)
+	}
+	if n := fasttest.Value(f.gov.Metrics.Requests.WithLabelValues("egress", "_unlisted", "200")); n != 2 {
+		t.Fatalf("warden_requests_total{egress,_unlisted,200} = %v", n)
+	}
+}
+
+func TestOriginFormRoutedByHost(t *testing.T) {
+	up := fasttest.StartUpstream(t, func(ctx *fasthttp.RequestCtx) { fmt.Fprintf(ctx, "host=%s uri=%s", ctx.Host(), ctx.RequestURI()) })
+	f := start(t, egressPolicy("  allow_unlisted: false", "targets:\n"+target("api", []string{"api.test"}, "http://"+up.Addr, "")), nil)
+	resp, body := fasttest.Raw(t, f.addr, "GET /v1/x HTTP/1.1\r\nHost: api.test\r\n\r\n")
+	if resp.StatusCode != 200 || string(body) != "host="+up.Addr+" uri=/v1/x" {
+		t.Fatalf("%d %s", resp.StatusCode, body)
+	}
+	if n := fasttest.Value(f.gov.Metrics.Requests.WithLabelValues("egress", "api", "200")); n != 1 {
+		t.Fatalf("warden_requests_total{egress,api,200} = %v", n)
+	}
+}
+
+func TestUnlistedRefused(t *testing.T) {
+	up := fasttest.StartUpstream(t, func(ctx *fasthttp.RequestCtx) {})
+	f := start(t, egressPolicy("  allow_unlisted: false", "targets:\n"+target("api", []string{"api.test"}, "http://"+up.Addr, "")), nil)
+	r := f.do(t, "GET", "http://other.test/", nil)
+	if r.status != 403 || r.header.Get("X-Warden-Control") != "allow_unlisted" || !strings.Contains(r.body, `"host":"other.test"`) {
+		t.Fatalf("%+v", r)
+	}
+	if n := fasttest.Value(f.gov.Metrics.Rejections.WithLabelValues("allow_unlisted", "egress")); n != 1 {
+		t.Fatalf("rejections = %v", n)
+	}
+	if up.Requests.Load() != 0 {
+		t.Fatal("unlisted request reached an upstream")
+	}
+}
+
+// TestTargetMatching: host:port matches that port only, host any port,
+// case-insensitively; the most specific entry wins.
+func TestTargetMatching(t *testing.T) {
+	name := func(n string) fasthttp.RequestHandler {
+		return func(ctx *fasthttp.RequestCtx) { ctx.WriteString(n) }
+	}
+	a := fasttest.StartUpstream(t, name("port-8080"))
+	b := fasttest.StartUpstream(t, name("any-port"))
+	c := fasttest.StartUpstream(t, name("v6"))
+	f := start(t, egressPolicy("  allow_unlisted: false", "targets:\n"+
+		target("p8080", []string{"svc.test:8080"}, "http://"+a.Addr, "")+
+		target("anyport", []string{"SVC.test", "other.test:9"}, "http://"+b.Addr, "")+
+		target("v6", []string{"'[::1]:7'"}, "http://"+c.Addr, "")), nil)
+	tests := []struct{ url, want string }{
+		{"http://svc.test:8080/", "port-8080"},
+		{"http://Svc.Test:8080/", "port-8080"},
+		{"http://svc.test:9090/", "any-port"},
+		{"http://svc.test/", "any-port"},
+		{"http://other.test:9/", "any-port"},
+		{"http://other.test:10/", "403"},
+		{"http://[::1]:7/", "v6"},
+		{"http://[::1]:8/", "403"},
+	}
+	for _, tc := range tests {
+		r := f.do(t, "GET", tc.url, nil)
+		got := r.body
+		if r.status == 403 {
+			got = "403"
+		}
+		if got != tc.want {
+			t.Errorf("%s → %q (%d), want %q", tc.url, got, r.status, tc.want)
+		}
+	}
+}
+
+func TestTLSOrigination(t *testing.T) {
+	srv := httptest.NewTLSServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		fmt.Fprintf(w, "tls=%v host=%s path=%s", r.TLS != nil, r.Host, r.URL.Path)
+	}))
+	defer srv.Close()
+	roots := srv.Client().Transport.(*http.Transport).TLSClientConfig
+	f := start(t, egressPolicy("  allow_unlisted: false", "targets:\n"+
+		target("secure", []string{"secure.test"}, "https://"+srv.Listener.Addr().String(), "")), roots)
+	r := f.do(t, "GET", "http://secure.test/charges", nil)
+	want := "tls=true host=" + srv.Listener.Addr().String() + " path=/charges"
+	if r.status != 200 || r.body != want {
+		t.Fatalf("%+v\nwant %s", r, want)
+	}
+}
+
+func TestConnectTunnel(t *testing.T) {
+	srv := httptest.NewTLSServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		fmt.Fprintf(w, "through the tunnel: %s", r.URL.Path)
+	}))
+	defer srv.Close()
+	f := start(t, egressPolicy("  allow_unlisted: true", ""), nil)
+	proxy, _ := url.Parse("http://" + f.addr)
+	tr := srv.Client().Transport.(*http.Transport).Clone()
+	tr.Proxy = http.ProxyURL(proxy)
+	c := &http.Client{Transport: tr, Timeout: 10 * time.Second}
+	defer tr.CloseIdleConnections()
+	for i := range 3 { // the tunnel is reused by the client's keep-alive
+		resp, err := c.Get(srv.URL + "/p" + fmt.Sprint(i))
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if want := fmt.Sprintf("through the tunnel: /p%d", i); string(b) != want {
+			t.Fatalf("%q, want %q", b, want)
+		}
+	}
+	// A CONNECT that cannot dial is a 502 counted against the target.
+	dead := freeAddr(t)
+	resp, body := fasttest.Raw(t, f.addr, "CONNECT "+dead+" HTTP/1.1\r\nHost: "+dead+"\r\n\r\n")
+	if resp.StatusCode != 502 || resp.Header.Get("X-Warden-Control") != "upstream" {
+		t.Fatalf("dead CONNECT: %d %s", resp.StatusCode, body)
+	}
+}
+
+func TestConnectFailuresOpenBreaker(t *testing.T) {
+	dead := freeAddr(t)
+	f := start(t, egressPolicy("  allow_unlisted: false", "targets:\n"+target("db", []string{dead}, "",
+		"circuit_breaker: { enabled: true, minimum_requests: 2, failure_ratio: 0.5, open: 5s }")), nil)
+	for range 2 {
+		resp, _ := fasttest.Raw(t, f.addr, "CONNECT "+dead+" HTTP/1.1\r\nHost: "+dead+"\r\n\r\n")
+		if resp.StatusCode != 502 {
+			t.Fatalf("dial failure: %d", resp.StatusCode)
+		}
+	}
+	resp, body := fasttest.Raw(t, f.addr, "CONNECT "+dead+" HTTP/1.1\r\nHost: "+dead+"\r\n\r\n")
+	if resp.StatusCode != 503 || !strings.Contains(string(body), `"control":"circuit_breaker","target":"db"`) {
+		t.Fatalf("open breaker on CONNECT: %d %s", resp.StatusCode, body)
+	}
+}
+
+func TestTimeoutBoundsExchange(t *testing.T) {
+	release := make(chan struct{})
+	defer close(release)
+	up := fasttest.StartUpstream(t, func(ctx *fasthttp.RequestCtx) {
+		select {
+		case <-release:
+		case <-time.After(5 * time.Second):
+		}
+	})
+	f := start(t, egressPolicy("  allow_unlisted: false", "targets:\n"+target("slow", []string{"slow.test"}, "http://"+up.Addr, "timeout: 100ms")), nil)
+	r := f.do(t, "GET", "http://slow.test/", nil)
+	if r.status != 504 || r.header.Get("X-Warden-Control") != "timeout" || !strings.Contains(r.body, `"control":"timeout","target":"slow"`) {
+		t.Fatalf("%+v", r)
+	}
+	if n := fasttest.Value(f.gov.Metrics.Rejections.WithLabelValues("timeout", "slow")); n != 1 {
+		t.Fatalf("rejections{timeout,slow} = %v", n)
+	}
+}
+
+func TestEgressRefusesSmugglingAndLoops(t *testing.T) {
+	up := fasttest.StartUpstream(t, func(ctx *fasthttp.RequestCtx) {})
+	f := start(t, egressPolicy("  allow_unlisted: true", ""), nil)
+	for _, raw := range []string{
+		"POST http://" + up.Addr + "/ HTTP/1.1\r\nHost: " + up.Addr + "\r\nContent-Length: 4\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n",
+		"GET http://" + up.Addr + "/ HTTP/1.1\r\nHost: " + up.Addr + "\r\nX: a\r\n b\r\n\r\n",
+		"GET / HTTP/1.1\r\nHost: " + f.addr + "\r\n\r\n",
+		"GET / HTTP/1.1\r\nHost: localhost:" + f.addr[strings.LastIndexByte(f.addr, ':')+1:] + "\r\n\r\n",
+		"GET ftp://x/ HTTP/1.1\r\nHost: x\r\n\r\n",
+		"GET / HTTP/1.1\r\nHost: bad host\r\n\r\n",
+	} {
+		resp, body := fasttest.Raw(t, f.addr, raw)
+		if resp.StatusCode != 400 {
+			t.Errorf("%q → %d %s, want 400", raw, resp.StatusCode, body)
+		}
+	}
+	if up.Requests.Load() != 0 {
+		t.Fatal("a refused request reached the upstream")
+	}
+}
+
+func TestLargeBodiesStream(t *testing.T) {
+	up := fasttest.StartUpstream(t, func(ctx *fasthttp.RequestCtx) {
+		n, _ := io.Copy(io.Discard, ctx.RequestBodyStream())
+		ctx.SetBodyStream(strings.NewReader(strings.Repeat("y", 3<<20)), 3<<20)
+		ctx.Response.Header.Set("X-Read", fmt.Sprint(n))
+	})
+	f := start(t, egressPolicy("  allow_unlisted: true", ""), nil)
+	c := f.client()
+	defer c.CloseIdleConnections()
+	resp, err := c.Post("http://"+up.Addr+"/up", "application/octet-stream", strings.NewReader(strings.Repeat("x", 5<<20)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	n, _ := io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	if resp.Header.Get("X-Read") != fmt.Sprint(5<<20) || n != 3<<20 {
+		t.Fatalf("upstream read %s, client read %d", resp.Header.Get("X-Read"), n)
+	}
+}
+
+func TestDrainWaitsForTunnelsThenCuts(t *testing.T) {
+	// An echo server as the tunnel's far end.
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		c, err := ln.Accept()
+		if err != nil {
+			return
+		}
+		defer c.Close()
+		io.Copy(c, c)
+	}()
+	defer func() { ln.Close(); wg.Wait() }()
+	f := start(t, egressPolicy("  allow_unlisted: true", ""), nil)
+	c, err := net.Dial("tcp", f.addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	fmt.Fprintf(c, "CONNECT %s HTTP/1.1\r\nHost: %s\r\n\r\n", ln.Addr(), ln.Addr())
+	br := bufio.NewReader(c)
+	resp, err := http.ReadResponse(br, &http.Request{Method: "CONNECT"})
+	if err != nil || resp.StatusCode != 200 {
+		t.Fatalf("CONNECT: %v %v", resp, err)
+	}
+	io.WriteString(c, "ping")
+	buf := make([]byte, 4)
+	if _, err := io.ReadFull(br, buf); err != nil || string(buf) != "ping" {
+		t.Fatalf("echo through the tunnel: %q %v", buf, err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+	defer cancel()
+	t0 := time.Now()
+	if err := f.eg.Shutdown(ctx); err == nil {
+		t.Fatal("shutdown reported success while a tunnel was open past the deadline")
+	}
+	t.Logf("shutdown took %v", time.Since(t0))
+	_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	if _, err := br.ReadByte(); err == nil {
+		t.Fatal("tunnel still open after the drain deadline")
+	}
+}
+
+var _ = tls.Config{}

@@ -1,0 +1,174 @@
+package egress
+
+import (
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/valyala/fasthttp"
+
+	"github.com/warden-dev/warden/connpool"
+	"github.com/warden-dev/warden/governor/breaker"
+	"github.com/warden-dev/warden/governor/retry"
+	"github.com/warden-dev/warden/proxy/admit"
+	"github.com/warden-dev/warden/proxy/forward"
+	"github.com/warden-dev/warden/proxy/httpwire"
+	"github.com/warden-dev/warden/proxy/respond"
+)
+
+// RetryBodyMax is the largest request body kept for a retry; a longer body
+// is streamed once and its request is not retried.
+const RetryBodyMax = 1 << 20
+
+// reasonMax is how much of a failed response's body the non_retryable
+// filter reads (SPEC §4: status line plus the first 4 KiB of the body).
+const reasonMax = 4 << 10
+
+// exchange is the state of one admitted request; it outlives the handler
+// when the response body is streamed.
+type exchange struct {
+	e     *Egress
+	r     *route
+	adm   admit.Admission
+	body  forward.Body
+	req   connpool.Request
+	start time.Time
+	code  int
+}
+
+var exchanges = sync.Pool{New: func() any { return new(exchange) }}
+
+func getExchange(e *Egress, r *route, start time.Time) *exchange {
+	x := exchanges.Get().(*exchange)
+	x.e, x.r, x.start = e, r, start
+	return x
+}
+
+// Finish ends a streamed response (connpool.Finisher).
+func (x *exchange) Finish(error) { x.done() }
+
+// done releases what the request held and records it.
+func (x *exchange) done() {
+	x.adm.Release()
+	x.r.Stats.Done(x.code, x.start)
+	x.body.Release()
+	*x = exchange{body: x.body}
+	exchanges.Put(x)
+}
+
+// exchange sends the admitted request, retrying failures of idempotent
+// requests (or requests with an Idempotency-Key) as the target's retry
+// policy and budget allow, all within the target's timeout.
+func (e *Egress) exchange(ctx *fasthttp.RequestCtx, x *exchange, pool *connpool.Pool, f httpwire.Fields) {
+	r := x.r
+	h := &ctx.Request.Header
+	retryable := r.Retry != nil && (httpwire.Idempotent(h.Method()) || f&httpwire.HasIdempotencyKey != 0)
+	keep := 0
+	if retryable {
+		keep = RetryBodyMax
+	}
+	x.req.Header = h
+	buffered, err := x.body.Prepare(ctx, &x.req, keep)
+	if err != nil {
+		x.adm.Ticket.Done(breaker.Neutral)
+		respond.Error(ctx, fasthttp.StatusBadRequest, err.Error())
+		x.code = fasthttp.StatusBadRequest
+		x.done()
+		return
+	}
+	retryable = retryable && buffered
+	if r.Timeout > 0 {
+		// From the request's arrival: the timeout bounds the whole
+		// exchange, waiting in a pool included.
+		x.req.Deadline = x.start.Add(r.Timeout)
+	}
+	if r.Retry != nil {
+		r.Retry.RecordExecution()
+	}
+	ticket := x.adm.Ticket
+	for attempt := 1; ; attempt++ {
+		streamed, err := pool.Do(&x.req, &ctx.Response, x)
+		if err != nil {
+			if connpool.KindOf(err) == connpool.KindClient {
+				ticket.Done(breaker.Neutral)
+				respond.Error(ctx, fasthttp.StatusBadRequest, err.Error())
+				x.code = fasthttp.StatusBadRequest
+				x.done()
+				return
+			}
+			ticket.Done(breaker.Failure)
+			x.code = respond.Upstream(ctx, r.Name, err)
+			_, control := respond.UpstreamStatus(err)
+			if !retryable || control == respond.ControlTimeout || !e.retry(ctx, x, attempt, err.Error()) {
+				r.Stats.Reject(control, r.Name)
+				x.done()
+				return
+			}
+		} else {
+			status := ctx.Response.StatusCode()
+			outcome := breaker.ClassifyHTTP(status)
+			ticket.Done(outcome)
+			httpwire.StripResponse(&ctx.Response.Header)
+			x.code = status
+			if outcome != breaker.Failure || !retryable || streamed || !e.retry(ctx, x, attempt, failureReason(&ctx.Response)) {
+				if !streamed {
+					x.done()
+				}
+				return
+			}
+		}
+		// Each retry passes the breaker again: one that opened meanwhile
+		// ends the retries with the last failure.
+		var ok bool
+		if ticket, _, ok = r.Breaker.Allow(); !ok {
+			x.done()
+			return
+		}
+	}
+}
+
+// retry decides whether to retry after failed attempt number attempt
+// (1-based) and waits the policy's delay on the clock. A retry refused by
+// the budget marks the returned failure with x-warden-control:
+// retry_budget.
+func (e *Egress) retry(ctx *fasthttp.RequestCtx, x *exchange, attempt int, reason string) bool {
+	r := x.r
+	ok, control := r.Retry.ShouldRetry(attempt, reason)
+	if !ok {
+		if control == retry.ControlBudget {
+			ctx.Response.Header.Set(respond.HeaderControl, control)
+			r.Stats.Reject(control, r.Name)
+		}
+		return false
+	}
+	d := r.Retry.Delay(attempt, nil)
+	if !x.req.Deadline.IsZero() && time.Until(x.req.Deadline) <= d {
+		return false // the retry could not finish within the timeout
+	}
+	if d > 0 {
+		t := e.opts.Clock.NewTimer(d)
+		defer t.Stop()
+		select {
+		case <-t.C():
+		case <-ctx.Done():
+			return false // shutting down
+		}
+	}
+	r.Stats.Retry()
+	ctx.Response.Reset()
+	return true
+}
+
+// failureReason is what non_retryable entries are matched against: the
+// status line and the first 4 KiB of the body.
+func failureReason(resp *fasthttp.Response) string {
+	b := make([]byte, 0, 64+min(len(resp.Body()), reasonMax))
+	b = append(b, "HTTP/1.1 "...)
+	b = strconv.AppendInt(b, int64(resp.StatusCode()), 10)
+	b = append(b, ' ')
+	b = append(b, resp.Header.StatusMessage()...)
+	b = append(b, '\n')
+	body := resp.Body()
+	b = append(b, body[:min(len(body), reasonMax)]...)
+	return string(b)
+}

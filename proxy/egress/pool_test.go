@@ -1,0 +1,113 @@
+package egress
+
+import (
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/valyala/fasthttp"
+
+	"github.com/warden-dev/warden/internal/fasttest"
+)
+
+// poolFixture's upstream holds every request until open is called (at the
+// latest when the test ends, so a failing test cannot hang its cleanup).
+func poolFixture(t *testing.T, pool string) (f *fixture, up *fasttest.Upstream, open func()) {
+	gate := make(chan struct{})
+	var once sync.Once
+	open = func() { once.Do(func() { close(gate) }) }
+	up = fasttest.StartUpstream(t, func(ctx *fasthttp.RequestCtx) { <-gate })
+	t.Cleanup(open)
+	yaml := egressPolicy("  allow_unlisted: false", "targets:\n"+target("api", []string{"api.test"}, "http://"+up.Addr, "pools: [p]")+
+		"pools:\n  p: "+pool+"\n")
+	return start(t, yaml, nil), up, open
+}
+
+func queued(f *fixture) float64 { return fasttest.Value(f.gov.Metrics.PoolQueued.WithLabelValues("p")) }
+
+// TestPoolConcurrency: with concurrency 2 the upstream never has more than
+// two requests in flight; the rest wait in the pool's queue and all finish.
+func TestPoolConcurrency(t *testing.T) {
+	f, up, open := poolFixture(t, "{ concurrency: 2, queue: 100, max_wait: 30s }")
+	var results []<-chan reply
+	for range 10 {
+		results = append(results, f.goDo("GET", "http://api.test/", nil))
+	}
+	fasttest.WaitFor(t, "2 in flight and 8 queued", func() bool { return up.InFlight.Load() == 2 && queued(f) == 8 })
+	open()
+	for _, ch := range results {
+		if r := <-ch; r.status != 200 {
+			t.Fatalf("queued request got %+v", r)
+		}
+	}
+	if p := up.Peak.Load(); p != 2 {
+		t.Fatalf("peak in flight at the upstream %d, want 2", p)
+	}
+}
+
+func TestPoolRefusals(t *testing.T) {
+	t.Run("queue full", func(t *testing.T) {
+		f, up, open := poolFixture(t, "{ concurrency: 1, queue: 1, max_wait: 30s }")
+		a, b := f.goDo("GET", "http://api.test/", nil), f.goDo("GET", "http://api.test/", nil)
+		fasttest.WaitFor(t, "one in flight, one queued", func() bool { return up.InFlight.Load() == 1 && queued(f) == 1 })
+		r := f.do(t, "GET", "http://api.test/", nil)
+		open()
+		<-a
+		<-b
+		if r.status != 429 || r.header.Get("X-Warden-Control") != "pool_queue" || r.header.Get("Retry-After") != "1" ||
+			r.body != `{"control":"pool_queue","pool":"p","target":"api","retryAfterSeconds":1}` {
+			t.Fatalf("%+v", r)
+		}
+		if n := fasttest.Value(f.gov.Metrics.Rejections.WithLabelValues("pool_queue", "p")); n != 1 {
+			t.Fatalf("rejections{pool_queue,p} = %v", n)
+		}
+	})
+	t.Run("max_wait", func(t *testing.T) {
+		f, up, open := poolFixture(t, "{ concurrency: 1, queue: 5, max_wait: 2s }")
+		first := f.goDo("GET", "http://api.test/", nil)
+		defer func() { open(); <-first }()
+		fasttest.WaitFor(t, "one in flight", func() bool { return up.InFlight.Load() == 1 })
+		done := f.goDo("GET", "http://api.test/", nil)
+		fasttest.WaitFor(t, "one queued", func() bool { return queued(f) == 1 })
+		f.clk.Advance(2 * time.Second)
+		r := <-done
+		if r.status != 429 || r.header.Get("X-Warden-Control") != "pool_concurrency" {
+			t.Fatalf("%+v", r)
+		}
+	})
+	t.Run("rate", func(t *testing.T) {
+		f, _, open := poolFixture(t, "{ rate: 2, window: 60 }")
+		open()
+		for range 2 {
+			if r := f.do(t, "GET", "http://api.test/", nil); r.status != 200 {
+				t.Fatal(r)
+			}
+		}
+		r := f.do(t, "GET", "http://api.test/", nil)
+		if r.status != 429 || r.header.Get("X-Warden-Control") != "pool_queue" || r.header.Get("Retry-After") != "40" {
+			t.Fatalf("%+v", r)
+		}
+	})
+}
+
+func TestEgressTenantCap(t *testing.T) {
+	up := fasttest.StartUpstream(t, func(ctx *fasthttp.RequestCtx) {})
+	f := start(t, egressPolicy("  allow_unlisted: true\n  tenant: { header: x-tenant-id, rate: 2, window: 60 }", ""), nil)
+	for range 2 {
+		if r := f.do(t, "GET", "http://"+up.Addr+"/", map[string]string{"X-Tenant-Id": "acme"}); r.status != 200 {
+			t.Fatal(r)
+		}
+	}
+	r := f.do(t, "GET", "http://"+up.Addr+"/", map[string]string{"X-Tenant-Id": "acme"})
+	if r.status != 429 || r.header.Get("X-Warden-Control") != "tenant_rate" || r.header.Get("Retry-After") != "40" ||
+		r.body != `{"control":"tenant_rate","quota":"tenant:acme","limit":2,"current":3,"retryAfterSeconds":40}` {
+		t.Fatalf("%+v", r)
+	}
+	if up.Requests.Load() != 2 || !strings.Contains(r.header.Get("Ratelimit-Limit"), "2") {
+		t.Fatalf("upstream saw %d", up.Requests.Load())
+	}
+	if n := fasttest.Value(f.gov.Metrics.Rejections.WithLabelValues("tenant_rate", "egress")); n != 1 {
+		t.Fatalf("rejections{tenant_rate,egress} = %v", n)
+	}
+}

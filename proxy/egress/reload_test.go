@@ -1,0 +1,77 @@
+package egress
+
+import (
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/valyala/fasthttp"
+
+	"github.com/warden-dev/warden/internal/fasttest"
+)
+
+// TestReloadKeepsPoolState: a reload that keeps a pool's name and settings
+// keeps its in-flight count, so a request holding the only slot still
+// holds it afterwards.
+func TestReloadKeepsPoolState(t *testing.T) {
+	gate := make(chan struct{})
+	var once sync.Once
+	open := func() { once.Do(func() { close(gate) }) }
+	defer open()
+	up := fasttest.StartUpstream(t, func(ctx *fasthttp.RequestCtx) {
+		if string(ctx.Path()) == "/hold" {
+			<-gate
+		}
+	})
+	other := fasttest.StartUpstream(t, func(ctx *fasthttp.RequestCtx) {})
+	api := target("api", []string{"api.test"}, "http://"+up.Addr, "pools: [one]")
+	pools := "pools:\n  one: { concurrency: 1 }\n"
+	yaml := egressPolicy("  allow_unlisted: false", "targets:\n"+api+pools)
+	f := start(t, yaml, nil)
+	held := f.goDo("GET", "http://api.test/hold", nil)
+	fasttest.WaitFor(t, "the slot taken", func() bool { return up.InFlight.Load() == 1 })
+	f.reload(t, egressPolicy("  allow_unlisted: false", "targets:\n"+api+target("other", []string{"other.test"}, "http://"+other.Addr, "")+pools))
+	if r := f.do(t, "GET", "http://api.test/", nil); r.status != 429 || r.header.Get("X-Warden-Control") != "pool_queue" {
+		t.Fatalf("the reload forgot the request in flight: %+v", r)
+	}
+	open()
+	if r := <-held; r.status != 200 {
+		t.Fatalf("held request: %+v", r)
+	}
+	if r := f.do(t, "GET", "http://api.test/", nil); r.status != 200 {
+		t.Fatalf("after the slot was released: %+v", r)
+	}
+}
+
+// TestReloadReplacesUpstreamPool: changing a target's connection settings
+// gives it a new connection pool; the request in flight on the old one
+// finishes there.
+func TestReloadReplacesUpstreamPool(t *testing.T) {
+	gate := make(chan struct{})
+	var once sync.Once
+	open := func() { once.Do(func() { close(gate) }) }
+	defer open()
+	up := fasttest.StartUpstream(t, func(ctx *fasthttp.RequestCtx) {
+		if string(ctx.Path()) == "/hold" {
+			<-gate
+		}
+		ctx.WriteString("ok")
+	})
+	yaml := egressPolicy("  allow_unlisted: false", "targets:\n"+target("api", []string{"api.test"}, "http://"+up.Addr, "max_connections: 4"))
+	f := start(t, yaml, nil)
+	old := f.eg.table.Load().byHost["api.test"].fixed
+	held := f.goDo("GET", "http://api.test/hold", nil)
+	fasttest.WaitFor(t, "request in flight", func() bool { return up.InFlight.Load() == 1 })
+	f.reload(t, strings.Replace(yaml, "max_connections: 4", "max_connections: 8", 1))
+	if f.eg.table.Load().byHost["api.test"].fixed == old {
+		t.Fatal("changed max_connections kept the old pool")
+	}
+	if r := f.do(t, "GET", "http://api.test/", nil); r.status != 200 || r.body != "ok" {
+		t.Fatalf("on the new pool: %+v", r)
+	}
+	open()
+	if r := <-held; r.status != 200 || r.body != "ok" {
+		t.Fatalf("request in flight on the old pool: %+v", r)
+	}
+	fasttest.WaitFor(t, "the old pool to close its connection", func() bool { return old.Stats().Open == 0 })
+}

@@ -1,0 +1,162 @@
+package egress
+
+import (
+	"net/http"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/valyala/fasthttp"
+
+	"github.com/warden-dev/warden/internal/fasttest"
+)
+
+func retryFixture(t *testing.T, retry string, h fasthttp.RequestHandler) (*fixture, *fasttest.Upstream) {
+	up := fasttest.StartUpstream(t, h)
+	return start(t, egressPolicy("  allow_unlisted: false", "targets:\n"+target("api", []string{"api.test"}, "http://"+up.Addr, retry)), nil), up
+}
+
+func always(status int, body string) fasthttp.RequestHandler {
+	return func(ctx *fasthttp.RequestCtx) {
+		ctx.SetStatusCode(status)
+		ctx.WriteString(body)
+	}
+}
+
+func TestRetriesOnlyIdempotent(t *testing.T) {
+	tests := []struct {
+		name     string
+		method   string
+		hdr      map[string]string
+		status   int
+		attempts int64
+	}{
+		{"GET retried", "GET", nil, 503, 4},
+		{"PUT retried", "PUT", nil, 503, 4},
+		{"DELETE retried", "DELETE", nil, 429, 4},
+		{"POST not retried", "POST", nil, 503, 1},
+		{"PATCH not retried", "PATCH", nil, 503, 1},
+		{"POST with Idempotency-Key retried", "POST", map[string]string{"Idempotency-Key": "k1"}, 503, 4},
+		{"404 is not a failure", "GET", nil, 404, 1},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			f, up := retryFixture(t, "retry: { count: 3, logic: fixed, delay: 0s, jitter: 0 }", always(tc.status, "nope"))
+			r := f.do(t, tc.method, "http://api.test/", tc.hdr)
+			if r.status != tc.status || r.body != "nope" {
+				t.Fatalf("client got %+v", r)
+			}
+			if n := up.Requests.Load(); n != tc.attempts {
+				t.Fatalf("upstream saw %d attempts, want %d", n, tc.attempts)
+			}
+			if n := fasttest.Value(f.gov.Metrics.Retries.WithLabelValues("api")); n != float64(tc.attempts-1) {
+				t.Fatalf("warden_retries_total{api} = %v", n)
+			}
+		})
+	}
+}
+
+func TestRetryRecoversAndBodyIsResent(t *testing.T) {
+	var n atomic.Int64
+	f, up := retryFixture(t, "retry: { count: 3, logic: fixed, delay: 0s, jitter: 0 }", func(ctx *fasthttp.RequestCtx) {
+		body := string(ctx.PostBody())
+		if n.Add(1) < 3 {
+			ctx.SetStatusCode(502)
+			return
+		}
+		ctx.WriteString("got " + body)
+	})
+	c := f.client()
+	defer c.CloseIdleConnections()
+	req, _ := http.NewRequest("PUT", "http://api.test/x", strings.NewReader("payload"))
+	resp, err := c.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := make([]byte, 64)
+	k, _ := resp.Body.Read(b)
+	resp.Body.Close()
+	if resp.StatusCode != 200 || string(b[:k]) != "got payload" || up.Requests.Load() != 3 {
+		t.Fatalf("%d %q after %d attempts", resp.StatusCode, b[:k], up.Requests.Load())
+	}
+}
+
+func TestNonRetryableAndLargeBodies(t *testing.T) {
+	f, up := retryFixture(t, "retry: { count: 3, logic: fixed, delay: 0s, jitter: 0, non_retryable: [card_declined] }",
+		always(502, `{"error":"card_declined"}`))
+	if r := f.do(t, "GET", "http://api.test/", nil); r.status != 502 || up.Requests.Load() != 1 {
+		t.Fatalf("non_retryable failure retried: %+v, %d attempts", r, up.Requests.Load())
+	}
+	// A body over the retry buffer is streamed once and never retried.
+	g, up2 := retryFixture(t, "retry: { count: 3, logic: fixed, delay: 0s, jitter: 0 }", func(ctx *fasthttp.RequestCtx) {
+		_ = ctx.PostBody()
+		ctx.SetStatusCode(503)
+	})
+	c := g.client()
+	defer c.CloseIdleConnections()
+	req, _ := http.NewRequest("PUT", "http://api.test/big", strings.NewReader(strings.Repeat("x", RetryBodyMax+1)))
+	resp, err := c.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != 503 || up2.Requests.Load() != 1 {
+		t.Fatalf("large body: %d after %d attempts", resp.StatusCode, up2.Requests.Load())
+	}
+}
+
+// TestRetryBudget: with budget 0.1 after 20 successful executions, the
+// retries of the first three failing requests fit; then the budget is
+// spent and failures come back as they are, marked retry_budget.
+func TestRetryBudget(t *testing.T) {
+	var fail atomic.Bool
+	f, up := retryFixture(t, "retry: { count: 1, logic: fixed, delay: 0s, jitter: 0, budget: 0.1 }", func(ctx *fasthttp.RequestCtx) {
+		if fail.Load() {
+			ctx.SetStatusCode(503)
+		}
+	})
+	for range 20 {
+		if r := f.do(t, "GET", "http://api.test/", nil); r.status != 200 {
+			t.Fatal(r)
+		}
+	}
+	fail.Store(true)
+	for i := 1; i <= 5; i++ {
+		before := up.Requests.Load()
+		r := f.do(t, "GET", "http://api.test/", nil)
+		attempts := up.Requests.Load() - before
+		spent := i > 3
+		if r.status != 503 || (attempts == 1) != spent || (r.header.Get("X-Warden-Control") == "retry_budget") != spent {
+			t.Fatalf("failing request %d: %d attempts, control %q (budget spent: %v)", i, attempts, r.header.Get("X-Warden-Control"), spent)
+		}
+	}
+	if n := fasttest.Value(f.gov.Metrics.Rejections.WithLabelValues("retry_budget", "api")); n != 2 {
+		t.Fatalf("rejections{retry_budget,api} = %v", n)
+	}
+}
+
+// TestRetryDelayUsesClock: the second attempt waits for the policy's delay
+// on the clock, and exponential backoff doubles it.
+func TestRetryDelayUsesClock(t *testing.T) {
+	f, up := retryFixture(t, "retry: { count: 2, logic: exponential_backoff, delay: 10s, scale: 2, jitter: 0 }\ntimeout: 5m", always(503, ""))
+	done := f.goDo("GET", "http://api.test/", nil)
+	waitArmed := func(want int64) {
+		t.Helper()
+		// The janitor's timer is always armed; the retry's is the second.
+		fasttest.WaitFor(t, "retry timer", func() bool { return f.clk.Timers() >= 2 })
+		if n := up.Requests.Load(); n != want {
+			t.Fatalf("%d attempts before the delay passed, want %d", n, want)
+		}
+	}
+	waitArmed(1)
+	f.clk.Advance(10 * time.Second)
+	fasttest.WaitFor(t, "second attempt", func() bool { return up.Requests.Load() == 2 })
+	waitArmed(2)
+	f.clk.Advance(10 * time.Second)
+	waitArmed(2) // 20 s the second time
+	f.clk.Advance(10 * time.Second)
+	if r := <-done; r.status != 503 || up.Requests.Load() != 3 {
+		t.Fatalf("%+v after %d attempts", r, up.Requests.Load())
+	}
+}

@@ -1,0 +1,162 @@
+// Package forward holds what the ingress and egress proxies share to pass
+// a request upstream: reading the client's body into the form the upstream
+// exchange needs, and bounded reads for handlers that want a whole body.
+package forward
+
+import (
+	"errors"
+	"io"
+	"sync"
+
+	"github.com/valyala/fasthttp"
+
+	"github.com/warden-dev/warden/connpool"
+)
+
+// ChunkPreread is how much of a chunked request body is read before the
+// request is forwarded. A body that ends within it is sent with a
+// Content-Length, and a malformed one is refused with 400 before the
+// upstream sees anything; a longer body streams on in chunks, and bad
+// chunking later in it cuts the upstream exchange short, so the upstream
+// never receives a complete request.
+const ChunkPreread = 64 << 10
+
+// ErrBadBody is wrapped when the client's body cannot be read as framed.
+var ErrBadBody = errors.New("malformed request body")
+
+// ErrTooLarge is returned by ReadAll for a body over its limit.
+var ErrTooLarge = errors.New("request body too large")
+
+// Body is the per-request state for a forwarded body: a pooled buffer and
+// the reader that replays a read-ahead prefix before the rest of a stream.
+// The zero value is ready; Release returns the buffer.
+type Body struct {
+	buf    *[]byte
+	prefix prefixReader
+}
+
+var bufs = sync.Pool{New: func() any { b := make([]byte, 0, 16<<10); return &b }}
+
+// Prepare sets req's body from the client request in ctx, whose header is
+// req.Header. Bodies of known length up to keep bytes, and chunked bodies
+// ending within max(keep, ChunkPreread), are read whole (buffered reports
+// true): a retry can resend them. Longer bodies are streamed. A chunked
+// body read whole is re-framed with a Content-Length.
+func (b *Body) Prepare(ctx *fasthttp.RequestCtx, req *connpool.Request, keep int) (buffered bool, err error) {
+	req.Body, req.Stream = nil, nil
+	h := req.Header
+	if !ctx.Request.IsBodyStream() {
+		req.Body = ctx.Request.Body()
+		return true, nil
+	}
+	stream := ctx.RequestBodyStream()
+	switch cl := h.ContentLength(); {
+	case cl == -2:
+		// No body framing at all (a GET): nothing to send.
+		return true, nil
+	case cl >= 0 && cl <= keep:
+		data, err := b.read(stream, cl+1)
+		if err != nil {
+			return false, errors.Join(ErrBadBody, err)
+		}
+		if len(data) != cl {
+			return false, errors.Join(ErrBadBody, io.ErrUnexpectedEOF)
+		}
+		req.Body = data
+		return true, nil
+	case cl >= 0:
+		req.Stream = stream
+		return false, nil
+	default:
+		data, err := b.read(stream, max(keep, ChunkPreread)+1)
+		if err != nil {
+			return false, errors.Join(ErrBadBody, err)
+		}
+		if len(data) <= max(keep, ChunkPreread) {
+			h.SetContentLength(len(data))
+			req.Body = data
+			return true, nil
+		}
+		b.prefix = prefixReader{prefix: data, r: stream}
+		req.Stream = &b.prefix
+		return false, nil
+	}
+}
+
+// read reads from r until EOF or limit bytes, into the pooled buffer.
+func (b *Body) read(r io.Reader, limit int) ([]byte, error) {
+	if b.buf == nil {
+		b.buf = bufs.Get().(*[]byte)
+	}
+	data := (*b.buf)[:0]
+	for len(data) < limit {
+		if len(data) == cap(data) {
+			data = append(data, 0)[:len(data)]
+		}
+		n, err := r.Read(data[len(data):min(cap(data), limit)])
+		data = data[:len(data)+n]
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			*b.buf = data[:0]
+			return nil, err
+		}
+	}
+	*b.buf = data[:0]
+	return data, nil
+}
+
+// Release returns the buffer; the body read through b must no longer be
+// used.
+func (b *Body) Release() {
+	if b.buf != nil {
+		if cap(*b.buf) <= 2<<20 {
+			bufs.Put(b.buf)
+		}
+		b.buf = nil
+	}
+	b.prefix = prefixReader{}
+}
+
+// ReadAll reads the client's whole body into the request, refusing one
+// over limit bytes, so that handlers can use ctx.PostBody(). fasthttp's
+// StreamRequestBody skips the server's own size check, hence this one.
+func ReadAll(ctx *fasthttp.RequestCtx, limit int) error {
+	if !ctx.Request.IsBodyStream() {
+		if len(ctx.Request.Body()) > limit {
+			return ErrTooLarge
+		}
+		return nil
+	}
+	cl := ctx.Request.Header.ContentLength()
+	if cl > limit {
+		return ErrTooLarge
+	}
+	var b Body
+	defer b.Release()
+	data, err := b.read(ctx.RequestBodyStream(), limit+1)
+	if err != nil {
+		return errors.Join(ErrBadBody, err)
+	}
+	if len(data) > limit {
+		return ErrTooLarge
+	}
+	ctx.Request.SetBody(data)
+	return nil
+}
+
+// prefixReader replays a read-ahead prefix, then reads on from r.
+type prefixReader struct {
+	prefix []byte
+	r      io.Reader
+}
+
+func (p *prefixReader) Read(b []byte) (int, error) {
+	if len(p.prefix) > 0 {
+		n := copy(b, p.prefix)
+		p.prefix = p.prefix[n:]
+		return n, nil
+	}
+	return p.r.Read(b)
+}

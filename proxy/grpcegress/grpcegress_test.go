@@ -1,0 +1,440 @@
+package grpcegress
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
+
+	"github.com/warden-dev/warden/governor/clock"
+	"github.com/warden-dev/warden/internal/fasttest"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m, fasttest.LeakOptions()...) }
+
+// rawCodec passes messages as bytes, so the test service needs no protoc.
+type rawCodec struct{}
+
+func (rawCodec) Marshal(v any) ([]byte, error) { return *v.(*[]byte), nil }
+func (rawCodec) Unmarshal(data []byte, v any) error {
+	*v.(*[]byte) = append([]byte(nil), data...)
+	return nil
+}
+func (rawCodec) Name() string { return "raw" }
+
+// echo is the test service test.v1.Echo: Echo answers "echo:<in>", or the
+// status "fail:<code>" asks for, or waits for "block" to be released;
+// Stream sends as many messages as its input says.
+type echo struct {
+	calls   atomic.Int64
+	release chan struct{}
+	entered chan struct{}
+}
+
+var echoDesc = grpc.ServiceDesc{
+	ServiceName: "test.v1.Echo",
+	HandlerType: (*any)(nil),
+	Methods: []grpc.MethodDesc{{
+		MethodName: "Echo",
+		Handler: func(srv any, ctx context.Context, dec func(any) error, _ grpc.UnaryServerInterceptor) (any, error) {
+			var in []byte
+			if err := dec(&in); err != nil {
+				return nil, err
+			}
+			return srv.(*echo).unary(ctx, string(in))
+		},
+	}},
+	Streams: []grpc.StreamDesc{{
+		StreamName:    "Chat",
+		ServerStreams: true,
+		ClientStreams: true,
+		Handler: func(srv any, stream grpc.ServerStream) error {
+			for {
+				var in []byte
+				if err := stream.RecvMsg(&in); err == io.EOF {
+					return nil
+				} else if err != nil {
+					return err
+				}
+				out := append([]byte("re:"), in...)
+				if err := stream.SendMsg(&out); err != nil {
+					return err
+				}
+			}
+		},
+	}, {
+		StreamName:    "Stream",
+		ServerStreams: true,
+		Handler: func(srv any, stream grpc.ServerStream) error {
+			srv.(*echo).calls.Add(1)
+			var in []byte
+			if err := stream.RecvMsg(&in); err != nil {
+				return err
+			}
+			n, _ := strconv.Atoi(string(in))
+			for i := range n {
+				msg := []byte(fmt.Sprintf("msg %d", i))
+				if err := stream.SendMsg(&msg); err != nil {
+					return err
+				}
+			}
+			stream.SetTrailer(metadata.Pairs("x-sent", strconv.Itoa(n)))
+			return nil
+		},
+	}},
+}
+
+func (e *echo) unary(ctx context.Context, in string) (*[]byte, error) {
+	e.calls.Add(1)
+	if c, ok := strings.CutPrefix(in, "fail:"); ok {
+		n, _ := strconv.Atoi(c)
+		return nil, status.Error(codes.Code(n), "asked to fail")
+	}
+	if in == "block" {
+		e.entered <- struct{}{}
+		select {
+		case <-e.release:
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+	}
+	_ = grpc.SetTrailer(ctx, metadata.Pairs("x-echo-trailer", "kept"))
+	out := []byte("echo:" + in)
+	return &out, nil
+}
+
+func startEcho(t *testing.T) (*echo, string) {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := &echo{release: make(chan struct{}), entered: make(chan struct{}, 16)}
+	s := grpc.NewServer(grpc.ForceServerCodec(rawCodec{}))
+	s.RegisterService(&echoDesc, e)
+	go s.Serve(ln)
+	t.Cleanup(s.Stop)
+	return e, ln.Addr().String()
+}
+
+type fixture struct {
+	g    *Grpc
+	gov  *fasttest.Governor
+	clk  *clock.Fake
+	conn *grpc.ClientConn
+}
+
+var t0 = time.Date(2026, 3, 2, 10, 0, 20, 0, time.UTC)
+
+func start(t *testing.T, yaml string, dialOpts ...grpc.DialOption) *fixture {
+	t.Helper()
+	f := &fixture{clk: clock.NewFake(t0)}
+	gov, ctl := fasttest.NewGovernor(t, f.clk, yaml)
+	f.gov = gov
+	f.g = New(Options{Clock: f.clk, Metrics: gov.Metrics})
+	if err := f.g.Apply(context.Background(), ctl); err != nil {
+		t.Fatal(err)
+	}
+	opts := append([]grpc.DialOption{
+		grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithDefaultCallOptions(grpc.ForceCodec(rawCodec{})),
+	}, dialOpts...)
+	conn, err := grpc.NewClient(f.g.Addr(), opts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.conn = conn
+	t.Cleanup(func() {
+		conn.Close()
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		if err := f.g.Shutdown(ctx); err != nil {
+			t.Errorf("shutdown: %v", err)
+		}
+	})
+	return f
+}
+
+func grpcPolicy(egress, targets string) string {
+	return "version: 1\negress:\n  grpc_listen: 127.0.0.1:0\n" + egress + "\ntargets:\n" + targets
+}
+
+func echoTarget(addr, extra string) string {
+	s := "  - name: echo\n    grpc_service: test.v1.Echo\n    upstream: h2c://" + addr + "\n"
+	for _, line := range strings.Split(strings.TrimSpace(extra), "\n") {
+		if line != "" {
+			s += "    " + strings.TrimSpace(line) + "\n"
+		}
+	}
+	return s
+}
+
+func (f *fixture) call(ctx context.Context, in string, opts ...grpc.CallOption) (string, error) {
+	req, out := []byte(in), []byte(nil)
+	err := f.conn.Invoke(ctx, "/test.v1.Echo/Echo", &req, &out, opts...)
+	return string(out), err
+}
+
+func TestUnaryAndTrailers(t *testing.T) {
+	e, addr := startEcho(t)
+	f := start(t, grpcPolicy("  allow_unlisted: false", echoTarget(addr, "")))
+	var trailer metadata.MD
+	out, err := f.call(context.Background(), "hi", grpc.Trailer(&trailer))
+	if err != nil || out != "echo:hi" {
+		t.Fatalf("%q %v", out, err)
+	}
+	if got := trailer.Get("x-echo-trailer"); len(got) != 1 || got[0] != "kept" {
+		t.Fatalf("trailers lost: %v", trailer)
+	}
+	// A status from the upstream passes through.
+	_, err = f.call(context.Background(), "fail:5")
+	if status.Code(err) != codes.NotFound {
+		t.Fatalf("status %v", err)
+	}
+	if e.calls.Load() != 2 {
+		t.Fatalf("upstream saw %d calls", e.calls.Load())
+	}
+	if n := fasttest.Value(f.gov.Metrics.Requests.WithLabelValues("grpc", "echo", "0")); n != 1 {
+		t.Fatalf("warden_requests_total{grpc,echo,0} = %v", n)
+	}
+	if n := fasttest.Value(f.gov.Metrics.Requests.WithLabelValues("grpc", "echo", "5")); n != 1 {
+		t.Fatalf("warden_requests_total{grpc,echo,5} = %v", n)
+	}
+}
+
+func TestServerStreaming(t *testing.T) {
+	_, addr := startEcho(t)
+	f := start(t, grpcPolicy("  allow_unlisted: false", echoTarget(addr, "")))
+	stream, err := f.conn.NewStream(context.Background(), &grpc.StreamDesc{ServerStreams: true}, "/test.v1.Echo/Stream")
+	if err != nil {
+		t.Fatal(err)
+	}
+	in := []byte("25")
+	if err := stream.SendMsg(&in); err != nil {
+		t.Fatal(err)
+	}
+	stream.CloseSend()
+	var got []string
+	for {
+		var msg []byte
+		err := stream.RecvMsg(&msg)
+		if errors.Is(err, io.EOF) {
+			break
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		got = append(got, string(msg))
+	}
+	if len(got) != 25 || got[24] != "msg 24" {
+		t.Fatalf("received %d messages: %v", len(got), got)
+	}
+	if tr := stream.Trailer().Get("x-sent"); len(tr) != 1 || tr[0] != "25" {
+		t.Fatalf("stream trailer: %v", stream.Trailer())
+	}
+}
+
+// TestBidiStreaming: each message is answered before the next is sent, so
+// the proxy must pass both directions through at once.
+func TestBidiStreaming(t *testing.T) {
+	_, addr := startEcho(t)
+	f := start(t, grpcPolicy("  allow_unlisted: false", echoTarget(addr, "")))
+	stream, err := f.conn.NewStream(context.Background(), &grpc.StreamDesc{ServerStreams: true, ClientStreams: true}, "/test.v1.Echo/Chat")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range 10 {
+		msg := []byte(fmt.Sprint(i))
+		if err := stream.SendMsg(&msg); err != nil {
+			t.Fatal(err)
+		}
+		var reply []byte
+		if err := stream.RecvMsg(&reply); err != nil {
+			t.Fatal(err)
+		}
+		if string(reply) != fmt.Sprintf("re:%d", i) {
+			t.Fatalf("reply %q to %d", reply, i)
+		}
+	}
+	stream.CloseSend()
+	var extra []byte
+	if err := stream.RecvMsg(&extra); !errors.Is(err, io.EOF) {
+		t.Fatalf("end of stream: %v", err)
+	}
+}
+
+const grpcBreaker = "circuit_breaker: { enabled: true, failure_ratio: 0.5, minimum_requests: 4, open: 5s }"
+
+func TestBreakerOpensOnUnavailableNotInvalidArgument(t *testing.T) {
+	e, addr := startEcho(t)
+	f := start(t, grpcPolicy("  allow_unlisted: false", echoTarget(addr, grpcBreaker)))
+	for range 20 {
+		if _, err := f.call(context.Background(), "fail:3"); status.Code(err) != codes.InvalidArgument {
+			t.Fatalf("INVALID_ARGUMENT: %v", err)
+		}
+	}
+	if e.calls.Load() != 20 {
+		t.Fatalf("INVALID_ARGUMENT opened the breaker: %d calls reached the upstream", e.calls.Load())
+	}
+	for range 4 {
+		if _, err := f.call(context.Background(), "fail:14"); status.Code(err) != codes.Unavailable {
+			t.Fatalf("UNAVAILABLE: %v", err)
+		}
+	}
+	// 4 failures out of 24 are below the ratio; keep failing until it opens.
+	for e.calls.Load() < 100 {
+		var trailer metadata.MD
+		before := e.calls.Load()
+		_, err := f.call(context.Background(), "fail:14", grpc.Trailer(&trailer))
+		if e.calls.Load() == before {
+			if status.Code(err) != codes.Unavailable || strings.Join(trailer.Get("x-warden-control"), ",") != "circuit_breaker" {
+				t.Fatalf("fast failure: %v, trailer %v", err, trailer)
+			}
+			if !strings.Contains(status.Convert(err).Message(), "circuit breaker of echo is open") {
+				t.Fatalf("message %q", status.Convert(err).Message())
+			}
+			return
+		}
+	}
+	t.Fatal("breaker never opened on UNAVAILABLE")
+}
+
+func TestCancelledCallIsNeutral(t *testing.T) {
+	e, addr := startEcho(t)
+	f := start(t, grpcPolicy("  allow_unlisted: false", echoTarget(addr, "circuit_breaker: { enabled: true, failure_ratio: 0.5, minimum_requests: 1 }")))
+	ctx, cancel := context.WithCancel(context.Background())
+	errc := make(chan error, 1)
+	go func() {
+		_, err := f.call(ctx, "block")
+		errc <- err
+	}()
+	<-e.entered
+	cancel()
+	if err := <-errc; status.Code(err) != codes.Canceled {
+		t.Fatalf("cancelled call: %v", err)
+	}
+	// The breaker saw neither a success nor a failure.
+	fasttest.WaitFor(t, "the call to end at the proxy", func() bool {
+		return fasttest.Value(f.gov.Metrics.Requests.WithLabelValues("grpc", "echo", "1")) == 1
+	})
+	snap := f.gov.Current().Targets["echo"].Breaker.Snapshot()
+	if snap.Requests != 0 || snap.State != "closed" {
+		t.Fatalf("a cancelled call counted: %+v", snap)
+	}
+}
+
+func TestPoolAndTenantFastFail(t *testing.T) {
+	e, addr := startEcho(t)
+	f := start(t, grpcPolicy("  allow_unlisted: false\n  tenant: { header: x-tenant-id, rate: 3, window: 60 }",
+		echoTarget(addr, "pools: [one]"))+"pools:\n  one: { concurrency: 1 }\n")
+	errc := make(chan error, 1)
+	go func() {
+		_, err := f.call(metadata.AppendToOutgoingContext(context.Background(), "x-tenant-id", "acme"), "block")
+		errc <- err
+	}()
+	<-e.entered
+	var trailer metadata.MD
+	_, err := f.call(metadata.AppendToOutgoingContext(context.Background(), "x-tenant-id", "acme"), "x", grpc.Trailer(&trailer))
+	if status.Code(err) != codes.ResourceExhausted || strings.Join(trailer.Get("x-warden-control"), ",") != "pool_queue" {
+		t.Fatalf("pool full: %v %v", err, trailer)
+	}
+	close(e.release)
+	if err := <-errc; err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.call(metadata.AppendToOutgoingContext(context.Background(), "x-tenant-id", "acme"), "x"); err != nil {
+		t.Fatal(err)
+	}
+	_, err = f.call(metadata.AppendToOutgoingContext(context.Background(), "x-tenant-id", "acme"), "x", grpc.Trailer(&trailer))
+	if status.Code(err) != codes.ResourceExhausted || strings.Join(trailer.Get("x-warden-control"), ",") != "tenant_rate" {
+		t.Fatalf("tenant cap: %v %v", err, trailer)
+	}
+	if n := fasttest.Value(f.gov.Metrics.Rejections.WithLabelValues("tenant_rate", "grpc")); n != 1 {
+		t.Fatalf("rejections{tenant_rate,grpc} = %v", n)
+	}
+}
+
+func TestTimeoutAndUpstreamDown(t *testing.T) {
+	e, addr := startEcho(t)
+	f := start(t, grpcPolicy("  allow_unlisted: false", echoTarget(addr, "timeout: 100ms")))
+	var trailer metadata.MD
+	_, err := f.call(context.Background(), "block", grpc.Trailer(&trailer))
+	<-e.entered
+	if status.Code(err) != codes.DeadlineExceeded || strings.Join(trailer.Get("x-warden-control"), ",") != "timeout" {
+		t.Fatalf("timeout: %v %v", err, trailer)
+	}
+	ln, _ := net.Listen("tcp", "127.0.0.1:0")
+	dead := ln.Addr().String()
+	ln.Close()
+	g := start(t, grpcPolicy("  allow_unlisted: false", echoTarget(dead, "")))
+	_, err = g.call(context.Background(), "x", grpc.Trailer(&trailer))
+	if status.Code(err) != codes.Unavailable || strings.Join(trailer.Get("x-warden-control"), ",") != "upstream" {
+		t.Fatalf("upstream down: %v %v", err, trailer)
+	}
+}
+
+func TestRoutingByAuthorityAndUnlisted(t *testing.T) {
+	e, addr := startEcho(t)
+	yaml := grpcPolicy("  allow_unlisted: false", "  - name: api\n    hosts: [api.test]\n    upstream: http://"+addr+"\n")
+	byAuthority := start(t, yaml, grpc.WithAuthority("api.test"))
+	if out, err := byAuthority.call(context.Background(), "x"); err != nil || out != "echo:x" {
+		t.Fatalf("by :authority: %q %v", out, err)
+	}
+	other := start(t, yaml, grpc.WithAuthority("other.test"))
+	var trailer metadata.MD
+	_, err := other.call(context.Background(), "x", grpc.Trailer(&trailer))
+	if status.Code(err) != codes.PermissionDenied || strings.Join(trailer.Get("x-warden-control"), ",") != "allow_unlisted" {
+		t.Fatalf("unlisted: %v %v", err, trailer)
+	}
+	if e.calls.Load() != 1 {
+		t.Fatalf("upstream saw %d calls", e.calls.Load())
+	}
+}
+
+func TestServiceOf(t *testing.T) {
+	for path, want := range map[string]string{
+		"/payments.v1.Payments/Charge": "payments.v1.Payments",
+		"/a/b":                         "a",
+		"/a/":                          "",
+		"//b":                          "",
+		"/a/b/c":                       "",
+		"a/b":                          "",
+		"":                             "",
+	} {
+		if got := serviceOf(path); got != want {
+			t.Errorf("serviceOf(%q) = %q, want %q", path, got, want)
+		}
+	}
+}
+
+// FuzzServiceOf checks the :path parsing that picks a gRPC target: a
+// service is returned only for "/<service>/<method>", and it is exactly
+// the part between the slashes.
+func FuzzServiceOf(f *testing.F) {
+	for _, s := range []string{"/payments.v1.Payments/Charge", "/a/b", "//", "/a/b/c", "x"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, path string) {
+		svc := serviceOf(path)
+		if svc == "" {
+			return
+		}
+		method, ok := strings.CutPrefix(path, "/"+svc+"/")
+		if !ok || method == "" || strings.Contains(method, "/") || strings.Contains(svc, "/") {
+			t.Fatalf("serviceOf(%q) = %q", path, svc)
+		}
+	})
+}

@@ -1,0 +1,243 @@
+package grpcegress
+
+import (
+	"context"
+	"errors"
+	"io"
+	"net/http"
+	"net/url"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/warden-dev/warden/governor/breaker"
+	"github.com/warden-dev/warden/governor/tenant"
+	"github.com/warden-dev/warden/proxy/admit"
+	"github.com/warden-dev/warden/proxy/respond"
+)
+
+// gRPC status codes warden itself answers with.
+const (
+	codeOK                = 0
+	codeCancelled         = 1
+	codeDeadlineExceeded  = 4
+	codePermissionDenied  = 7
+	codeResourceExhausted = 8
+	codeInternal          = 13
+	codeUnavailable       = 14
+)
+
+// hopByHop are the connection-specific headers HTTP/2 forbids (RFC 9113
+// §8.2.2); Go's HTTP/2 transport refuses requests carrying them. TE is
+// handled apart: "trailers" is kept, gRPC requires it.
+var hopByHop = []string{"Connection", "Keep-Alive", "Proxy-Connection", "Proxy-Authorization", "Proxy-Authenticate",
+	"Transfer-Encoding", "Upgrade", "Trailer"}
+
+func (g *Grpc) serve(w http.ResponseWriter, r *http.Request) {
+	start := time.Now()
+	tb := g.table.Load()
+	if tb == nil {
+		trailersOnly(w, codeUnavailable, "grpc egress is not configured", "")
+		return
+	}
+	if r.ProtoMajor != 2 {
+		http.Error(w, "gRPC needs HTTP/2 (h2c, prior knowledge)", http.StatusHTTPVersionNotSupported)
+		return
+	}
+	rt := tb.lookup(serviceOf(r.URL.Path), r.Host)
+	if rt == nil {
+		g.stats.Reject(respond.ControlUnlisted, "grpc")
+		trailersOnly(w, codePermissionDenied, "no target serves "+r.URL.Path+" at "+r.Host+" and egress.allow_unlisted is false", respond.ControlUnlisted)
+		g.stats.Target(unlistedName).DoneGRPC(codePermissionDenied, start)
+		return
+	}
+	var adm admit.Admission
+	var tenantKey []byte
+	if tb.caps != nil {
+		tenantKey = []byte(r.Header.Get(tb.tenantHeader))
+	}
+	now := g.opts.Clock.Now()
+	if ref, ok := admit.Admit(r.Context(), &adm, &rt.Target, tb.caps, tenantKey, "grpc", now); !ok {
+		rt.Stats.Reject(ref.Control, ref.Scope)
+		code := codeResourceExhausted
+		msg := "refused by " + ref.Control
+		switch {
+		case ref.Control == respond.ControlBreaker:
+			code = codeUnavailable
+			msg = "circuit breaker of " + rt.Name + " is open; retry after " + strconv.Itoa(breaker.RetryAfterSeconds(ref.RetryAfter)) + "s"
+		case ref.Control == tenant.Control:
+			msg = "tenant cap " + ref.Tenant.Quota() + " reached; retry after " + strconv.Itoa(ref.Tenant.RetryAfter(now)) + "s"
+		case ref.Err != nil:
+			code = codeUnavailable
+			msg = "gave up waiting for a pool: " + ref.Err.Error()
+		}
+		trailersOnly(w, code, msg, ref.Control)
+		rt.Stats.DoneGRPC(code, start)
+		return
+	}
+	code, outcome := g.forward(w, r, rt)
+	adm.Ticket.Done(outcome)
+	adm.Release()
+	rt.Stats.DoneGRPC(code, start)
+}
+
+// forward proxies one call and returns its grpc-status and the breaker
+// outcome.
+func (g *Grpc) forward(w http.ResponseWriter, r *http.Request, rt *route) (int, breaker.Outcome) {
+	ctx := r.Context()
+	if rt.Timeout > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, rt.Timeout)
+		defer cancel()
+	}
+	host := rt.host
+	if host == "" {
+		host = r.Host
+	}
+	out := &http.Request{
+		Method:        r.Method,
+		URL:           &url.URL{Scheme: rt.scheme, Host: host, Path: r.URL.Path, RawPath: r.URL.RawPath, RawQuery: r.URL.RawQuery},
+		Proto:         "HTTP/2.0",
+		ProtoMajor:    2,
+		Header:        cleanHeader(r.Header.Clone()),
+		Body:          r.Body,
+		ContentLength: r.ContentLength,
+		Host:          r.Host,
+	}
+	if rt.host != "" {
+		out.Host = rt.host
+	}
+	out = out.WithContext(ctx)
+	resp, err := rt.transport.RoundTrip(out)
+	if err != nil {
+		return g.failed(w, r, ctx, rt, err, false)
+	}
+	defer resp.Body.Close()
+	h := w.Header()
+	for k, vv := range cleanHeader(resp.Header) {
+		h[k] = vv
+	}
+	w.WriteHeader(resp.StatusCode)
+	if err := copyFlushing(w, resp.Body); err != nil {
+		return g.failed(w, r, ctx, rt, err, true)
+	}
+	for k, vv := range resp.Trailer {
+		h[http.TrailerPrefix+k] = vv
+	}
+	status := resp.Trailer.Get("Grpc-Status")
+	if status == "" {
+		status = resp.Header.Get("Grpc-Status") // Trailers-Only
+	}
+	code, err := strconv.Atoi(status)
+	if err != nil {
+		// No status at all: not a gRPC answer. A non-200 HTTP status is
+		// the upstream (or a proxy before it) failing.
+		if resp.StatusCode != http.StatusOK {
+			return codeUnavailable, breaker.Failure
+		}
+		return codeInternal, breaker.Failure
+	}
+	return code, breaker.ClassifyGRPC(code)
+}
+
+// failed ends a call whose exchange broke: before the response started, as
+// a Trailers-Only response; after, with trailers. A call the client
+// cancelled is neutral for the breaker.
+func (g *Grpc) failed(w http.ResponseWriter, r *http.Request, ctx context.Context, rt *route, err error, started bool) (int, breaker.Outcome) {
+	if r.Context().Err() != nil {
+		return codeCancelled, breaker.Neutral
+	}
+	code, control := codeUnavailable, respond.ControlUpstream
+	if errors.Is(ctx.Err(), context.DeadlineExceeded) {
+		code, control = codeDeadlineExceeded, respond.ControlTimeout
+	}
+	rt.Stats.Reject(control, rt.Name)
+	msg := "upstream " + rt.Name + ": " + err.Error()
+	if !started {
+		trailersOnly(w, code, msg, control)
+	} else {
+		h := w.Header()
+		h.Set(http.TrailerPrefix+"Grpc-Status", strconv.Itoa(code))
+		h.Set(http.TrailerPrefix+"Grpc-Message", encodeMessage(msg))
+		h.Set(http.TrailerPrefix+respond.HeaderControl, control)
+	}
+	return code, breaker.Failure
+}
+
+// trailersOnly answers a call without contacting the upstream: one HEADERS
+// frame ending the stream, carrying the status (gRPC's Trailers-Only).
+func trailersOnly(w http.ResponseWriter, code int, msg, control string) {
+	h := w.Header()
+	h.Set("Content-Type", "application/grpc")
+	h.Set("Grpc-Status", strconv.Itoa(code))
+	h.Set("Grpc-Message", encodeMessage(msg))
+	if control != "" {
+		h.Set(respond.HeaderControl, control)
+	}
+	w.WriteHeader(http.StatusOK)
+}
+
+// cleanHeader removes connection-specific headers, keeping TE: trailers.
+func cleanHeader(h http.Header) http.Header {
+	for _, c := range h.Values("Connection") {
+		for _, tok := range strings.Split(c, ",") {
+			h.Del(strings.TrimSpace(tok))
+		}
+	}
+	for _, k := range hopByHop {
+		h.Del(k)
+	}
+	if te := h.Get("Te"); te != "" {
+		if strings.Contains(strings.ToLower(te), "trailers") {
+			h.Set("Te", "trailers")
+		} else {
+			h.Del("Te")
+		}
+	}
+	return h
+}
+
+var copyBufs = sync.Pool{New: func() any { return new([32 << 10]byte) }}
+
+// copyFlushing copies a response body message by message: each read is
+// flushed at once, so server-streaming calls are not held back.
+func copyFlushing(w http.ResponseWriter, body io.Reader) error {
+	buf := copyBufs.Get().(*[32 << 10]byte)
+	defer copyBufs.Put(buf)
+	rc := http.NewResponseController(w)
+	for {
+		n, err := body.Read(buf[:])
+		if n > 0 {
+			if _, werr := w.Write(buf[:n]); werr != nil {
+				return werr
+			}
+			if ferr := rc.Flush(); ferr != nil {
+				return ferr
+			}
+		}
+		if err == io.EOF {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+	}
+}
+
+// encodeMessage percent-encodes a grpc-message value as the gRPC spec asks
+// (bytes outside printable ASCII, and '%').
+func encodeMessage(msg string) string {
+	var b strings.Builder
+	for i := 0; i < len(msg); i++ {
+		c := msg[i]
+		if c >= ' ' && c <= '~' && c != '%' {
+			b.WriteByte(c)
+			continue
+		}
+		b.WriteByte('%')
+		b.WriteByte("0123456789ABCDEF"[c>>4])
+		b.WriteByte("0123456789ABCDEF"[c&15])
+	}
+	return b.String()
+}

@@ -1,0 +1,190 @@
+package httpwire
+
+import (
+	"net"
+	"net/url"
+	"strconv"
+	"strings"
+	"testing"
+)
+
+func TestSplitAbsoluteForm(t *testing.T) {
+	tests := []struct {
+		uri                       string
+		ok                        bool
+		scheme, authority, origin string
+	}{
+		{"http://api.stripe.com/v1/charges?x=1", true, "http", "api.stripe.com", "/v1/charges?x=1"},
+		{"HTTP://Api.Stripe.Com:8080", true, "HTTP", "Api.Stripe.Com:8080", ""},
+		{"https://h?q=1", true, "https", "h", "?q=1"},
+		{"http://h/p#frag", true, "http", "h", "/p"},
+		{"http://[::1]:80/x", true, "http", "[::1]:80", "/x"},
+		{"/v1/charges", false, "", "", ""},
+		{"ftp://h/x", false, "", "", ""},
+		{"http:///x", false, "", "", ""},
+		{"api.stripe.com:443", false, "", "", ""},
+	}
+	for _, tc := range tests {
+		s, a, o, ok := SplitAbsoluteForm([]byte(tc.uri))
+		if ok != tc.ok || string(s) != tc.scheme || string(a) != tc.authority || string(o) != tc.origin {
+			t.Errorf("SplitAbsoluteForm(%q) = %q %q %q %v, want %q %q %q %v", tc.uri, s, a, o, ok, tc.scheme, tc.authority, tc.origin, tc.ok)
+		}
+	}
+}
+
+func TestAppendHostPort(t *testing.T) {
+	tests := []struct {
+		authority string
+		ok        bool
+		out       string
+		host      string
+	}{
+		{"API.Stripe.com", true, "api.stripe.com:80", "api.stripe.com"},
+		{"api.stripe.com:8443", true, "api.stripe.com:8443", "api.stripe.com"},
+		{"127.0.0.1:9000", true, "127.0.0.1:9000", "127.0.0.1"},
+		{"[::1]:9000", true, "[::1]:9000", "[::1]"},
+		{"[::1]", true, "[::1]:80", "[::1]"},
+		{"svc_name.internal", true, "svc_name.internal:80", "svc_name.internal"},
+		{"user@host", false, "", ""},
+		{"host:", false, "", ""},
+		{"host:0", false, "", ""},
+		{"host:65536", false, "", ""},
+		{"host:80a", false, "", ""},
+		{":80", false, "", ""},
+		{"", false, "", ""},
+		{"[::1", false, "", ""},
+		{"[]:80", false, "", ""},
+		{"[::1]x", false, "", ""},
+		{"a b", false, "", ""},
+		{"h%41", false, "", ""},
+	}
+	for _, tc := range tests {
+		out, n, ok := AppendHostPort([]byte("prefix"), []byte(tc.authority), "80")
+		if ok != tc.ok {
+			t.Errorf("AppendHostPort(%q) ok = %v, want %v", tc.authority, ok, tc.ok)
+			continue
+		}
+		if !ok {
+			if string(out) != "prefix" {
+				t.Errorf("AppendHostPort(%q) failed but changed dst to %q", tc.authority, out)
+			}
+			continue
+		}
+		got := string(out[len("prefix"):])
+		if got != tc.out || got[:n] != tc.host {
+			t.Errorf("AppendHostPort(%q) = %q host %q, want %q host %q", tc.authority, got, got[:n], tc.out, tc.host)
+		}
+	}
+}
+
+// FuzzAuthority checks the egress routing key against the standard
+// library's reading of the same authority: whatever AppendHostPort accepts,
+// net/url and net.SplitHostPort must read as the same host and port.
+func FuzzAuthority(f *testing.F) {
+	for _, s := range []string{"api.stripe.com", "API.stripe.com:443", "[::1]:80", "a@b", "h:0", "[fe80::1%25en0]:1"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, authority string) {
+		out, n, ok := AppendHostPort(nil, []byte(authority), "80")
+		if !ok {
+			return
+		}
+		host, port, err := net.SplitHostPort(string(out))
+		if err != nil {
+			t.Fatalf("%q → %q, which net.SplitHostPort refuses: %v", authority, out, err)
+		}
+		if strings.ToLower(host) != host {
+			t.Fatalf("%q → host %q not lower case", authority, host)
+		}
+		if p, err := strconv.Atoi(port); err != nil || p < 1 || p > 65535 {
+			t.Fatalf("%q → bad port %q", authority, port)
+		}
+		if want := strings.Trim(string(out[:n]), "[]"); want != host {
+			t.Fatalf("%q → host part %q, SplitHostPort says %q", authority, out[:n], host)
+		}
+		u, err := url.Parse("http://" + authority + "/")
+		if err != nil {
+			t.Fatalf("%q accepted but net/url refuses it: %v", authority, err)
+		}
+		if !strings.EqualFold(u.Hostname(), host) {
+			t.Fatalf("%q → host %q, net/url reads %q", authority, host, u.Hostname())
+		}
+		if u.Port() != "" && u.Port() != port {
+			t.Fatalf("%q → port %q, net/url reads %q", authority, port, u.Port())
+		}
+		// A policy entry written as the request's authority routes it:
+		// HostKey of the entry equals the request's lookup key (host:port
+		// when the entry names a port, else the host).
+		key, err := HostKey(authority)
+		if err != nil {
+			t.Fatalf("request authority %q accepted, policy entry refused: %v", authority, err)
+		}
+		if want := string(out[:n]); u.Port() != "" {
+			want = string(out)
+			if key != want {
+				t.Fatalf("entry %q → key %q, request → %q", authority, key, want)
+			}
+		} else if key != want {
+			t.Fatalf("entry %q → key %q, request host → %q", authority, key, want)
+		}
+	})
+}
+
+func FuzzSplitAbsoluteForm(f *testing.F) {
+	for _, s := range []string{"http://a/b?c", "https://[::1]:1/", "http://h#f", "/x", "http://"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, uri string) {
+		scheme, authority, origin, ok := SplitAbsoluteForm([]byte(uri))
+		if !ok {
+			return
+		}
+		if len(authority) == 0 {
+			t.Fatalf("%q: empty authority accepted", uri)
+		}
+		if len(origin) > 0 && origin[0] != '/' && origin[0] != '?' {
+			t.Fatalf("%q: origin %q does not start with / or ?", uri, origin)
+		}
+		if strings.ContainsAny(string(authority), "/?#") || strings.Contains(string(origin), "#") {
+			t.Fatalf("%q: split %q | %q", uri, authority, origin)
+		}
+		if !strings.HasPrefix(uri, string(scheme)+"://"+string(authority)+string(origin)) {
+			t.Fatalf("%q: parts %q %q %q do not rebuild the target", uri, scheme, authority, origin)
+		}
+	})
+}
+
+func TestRequestIDs(t *testing.T) {
+	g := NewRequestIDs()
+	seen := map[string]bool{}
+	for range 10000 {
+		id := string(g.Append(nil))
+		if len(id) != 32 || strings.Trim(id, "0123456789abcdef") != "" {
+			t.Fatalf("bad id %q", id)
+		}
+		if seen[id] {
+			t.Fatalf("duplicate id %q", id)
+		}
+		seen[id] = true
+	}
+	if a, b := string(NewRequestIDs().Append(nil)), string(NewRequestIDs().Append(nil)); a == b {
+		t.Fatalf("two generators start alike: %q", a)
+	}
+}
+
+func TestHostKey(t *testing.T) {
+	for entry, want := range map[string]string{
+		"API.Stripe.com":      "api.stripe.com",
+		"api.stripe.com:8443": "api.stripe.com:8443",
+		"[::1]:7":             "[::1]:7",
+		"::1":                 "[::1]",
+		"10.0.0.1":            "10.0.0.1",
+	} {
+		if got, err := HostKey(entry); err != nil || got != want {
+			t.Errorf("HostKey(%q) = %q, %v; want %q", entry, got, err, want)
+		}
+	}
+	if _, err := HostKey("a b"); err == nil {
+		t.Error("HostKey accepted a bad host")
+	}
+}

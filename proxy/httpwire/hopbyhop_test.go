@@ -1,0 +1,179 @@
+package httpwire
+
+import (
+	"bufio"
+	"iter"
+	"strings"
+	"testing"
+
+	"github.com/valyala/fasthttp"
+)
+
+// parseRequest reads a raw request the way the proxies' fasthttp server
+// does, so the tests see the header storage StripRequest works on.
+func parseRequest(t testing.TB, raw string) *fasthttp.Request {
+	t.Helper()
+	var req fasthttp.Request
+	if err := req.Header.Read(bufio.NewReader(strings.NewReader(raw))); err != nil {
+		t.Skipf("fasthttp refuses the request itself: %v", err)
+	}
+	return &req
+}
+
+func headerNames(h interface {
+	All() iter.Seq2[[]byte, []byte]
+}) []string {
+	var out []string
+	for k := range h.All() {
+		out = append(out, strings.ToLower(string(k)))
+	}
+	return out
+}
+
+func TestStripRequest(t *testing.T) {
+	tests := []struct {
+		name string
+		raw  string
+		gone []string
+		kept map[string]string
+	}{
+		{
+			name: "connection and the headers it names",
+			raw:  "GET / HTTP/1.1\r\nHost: a\r\nConnection: keep-alive, X-Secret , x-other\r\nX-Secret: 1\r\nX-Other: 2\r\nX-Keep: 3\r\n\r\n",
+			gone: []string{"connection", "x-secret", "x-other"},
+			kept: map[string]string{"X-Keep": "3", "Host": "a"},
+		},
+		{
+			name: "connection cannot remove routing or framing",
+			raw:  "POST / HTTP/1.1\r\nHost: a\r\nConnection: host, content-length, x-request-id\r\nX-Request-Id: r1\r\nContent-Length: 0\r\n\r\n",
+			gone: []string{"connection"},
+			kept: map[string]string{"Host": "a", "X-Request-Id": "r1"},
+		},
+		{
+			name: "every fixed hop-by-hop header",
+			raw: "GET / HTTP/1.1\r\nHost: a\r\nKeep-Alive: timeout=5\r\nProxy-Authorization: Basic x\r\nProxy-Connection: keep-alive\r\n" +
+				"TE: gzip\r\nTrailer: X-T\r\nUpgrade: websocket\r\nExpect: 100-continue\r\nAccept: */*\r\n\r\n",
+			gone: []string{"keep-alive", "proxy-authorization", "proxy-connection", "te", "trailer", "upgrade", "expect"},
+			kept: map[string]string{"Accept": "*/*"},
+		},
+		{
+			name: "TE trailers survives",
+			raw:  "GET / HTTP/1.1\r\nHost: a\r\nTE: deflate, trailers;q=1\r\n\r\n",
+			kept: map[string]string{"TE": "trailers"},
+		},
+		{
+			name: "connection close is not forwarded",
+			raw:  "GET / HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n",
+			gone: []string{"connection"},
+		},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			req := parseRequest(t, tc.raw)
+			s, err := ScanRequestHeaders(req.Header.RawHeaders(), "")
+			if err != nil {
+				t.Fatal(err)
+			}
+			StripRequest(&req.Header, s.Fields)
+			out := string(req.Header.Header())
+			for _, g := range tc.gone {
+				for _, n := range headerNames(&req.Header) {
+					if n == g {
+						t.Errorf("%s still present:\n%s", g, out)
+					}
+				}
+			}
+			if req.Header.ConnectionClose() {
+				t.Errorf("connection-close flag still set:\n%s", out)
+			}
+			for k, v := range tc.kept {
+				if got := string(req.Header.Peek(k)); got != v {
+					t.Errorf("%s = %q, want %q:\n%s", k, got, v, out)
+				}
+			}
+		})
+	}
+}
+
+func TestStripResponse(t *testing.T) {
+	raw := "HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close, X-Hop\r\nX-Hop: 1\r\nKeep-Alive: timeout=5\r\n" +
+		"Proxy-Authenticate: Basic\r\nProxy-A: 1\r\nTrailer: X-T\r\nUpgrade: h2c\r\nTE: trailers\r\nX-Keep: 1\r\n\r\nok"
+	var resp fasthttp.Response
+	if err := resp.Read(bufio.NewReader(strings.NewReader(raw))); err != nil {
+		t.Fatal(err)
+	}
+	if !StripResponse(&resp.Header) {
+		t.Error("upstream close not reported")
+	}
+	if resp.Header.ConnectionClose() {
+		t.Error("connection-close flag still set")
+	}
+	for _, n := range headerNames(&resp.Header) {
+		switch n {
+		case "connection", "x-hop", "keep-alive", "proxy-authenticate", "proxy-a", "trailer", "upgrade", "te":
+			t.Errorf("%s still present:\n%s", n, resp.Header.Header())
+		}
+	}
+	if string(resp.Header.Peek("X-Keep")) != "1" {
+		t.Errorf("end-to-end header lost:\n%s", resp.Header.Header())
+	}
+}
+
+// FuzzStripRequest feeds arbitrary header blocks through fasthttp's parser,
+// the framing scan and the stripping, and checks that no hop-by-hop header
+// and no header named by Connection survives.
+func FuzzStripRequest(f *testing.F) {
+	f.Add("Connection: x-a, keep-alive\r\nX-A: 1\r\nKeep-Alive: 1\r\n")
+	f.Add("Proxy-Authorization: x\r\nProxy-Foo: y\r\nTE: trailers\r\n")
+	f.Add("Upgrade: h2c\r\nConnection: Upgrade\r\nTrailer: x\r\n")
+	f.Fuzz(func(t *testing.T, headers string) {
+		var req fasthttp.Request
+		raw := "GET / HTTP/1.1\r\nHost: a\r\n" + headers + "\r\n"
+		if err := req.Header.Read(bufio.NewReader(strings.NewReader(raw))); err != nil {
+			return
+		}
+		s, err := ScanRequestHeaders(req.Header.RawHeaders(), "")
+		if err != nil {
+			return
+		}
+		var named []string
+		forEachToken(req.Header.Peek("Connection"), func(tok []byte) {
+			if !protectedFromConnection(tok) {
+				named = append(named, strings.ToLower(string(tok)))
+			}
+		})
+		StripRequest(&req.Header, s.Fields)
+		proxyCount := 0
+		for _, n := range headerNames(&req.Header) {
+			switch {
+			case n == "connection", n == "keep-alive", n == "trailer", n == "upgrade", n == "expect":
+				t.Fatalf("%s survived in %q", n, req.Header.Header())
+			case n == "te" && string(req.Header.Peek("TE")) != "trailers":
+				t.Fatalf("TE other than trailers survived in %q", req.Header.Header())
+			case strings.HasPrefix(n, "proxy-"):
+				proxyCount++
+			}
+			for _, m := range named {
+				if n == m && len(named) <= 32 && len(req.Header.Peek("Connection")) < maxConnectionValue {
+					t.Fatalf("%s named by Connection survived in %q", n, req.Header.Header())
+				}
+			}
+		}
+		if proxyCount > 0 && proxyCount <= 16 && strings.Count(strings.ToLower(headers), "proxy-") <= 16 {
+			t.Fatalf("Proxy-* survived in %q", req.Header.Header())
+		}
+	})
+}
+
+func BenchmarkStripRequest(b *testing.B) {
+	raw := "GET / HTTP/1.1\r\nHost: a\r\nConnection: keep-alive\r\nAccept: */*\r\nUser-Agent: x\r\n\r\n"
+	var req fasthttp.Request
+	b.ReportAllocs()
+	for b.Loop() {
+		if err := req.Header.Read(bufio.NewReader(strings.NewReader(raw))); err != nil {
+			b.Fatal(err)
+		}
+		s, _ := ScanRequestHeaders(req.Header.RawHeaders(), "")
+		StripRequest(&req.Header, s.Fields)
+	}
+}

@@ -1,0 +1,166 @@
+package ingress
+
+import (
+	"bytes"
+	"errors"
+	"sync"
+	"time"
+
+	"github.com/valyala/fasthttp"
+
+	"github.com/warden-dev/warden/connpool"
+	"github.com/warden-dev/warden/governor/tenant"
+	"github.com/warden-dev/warden/proxy/forward"
+	"github.com/warden-dev/warden/proxy/httpwire"
+	"github.com/warden-dev/warden/proxy/respond"
+	"github.com/warden-dev/warden/proxy/stats"
+)
+
+// MountBodyLimit bounds the body a mounted handler (the run API) reads.
+const MountBodyLimit = 1 << 20
+
+// serve is the request path: framing checks, tenant cap, request ID, then
+// the mounted handler or the worker.
+func (g *Ingress) serve(ctx *fasthttp.RequestCtx) {
+	rt := g.rt.Load()
+	if rt == nil {
+		respond.Error(ctx, fasthttp.StatusServiceUnavailable, "ingress is not configured")
+		return
+	}
+	h := &ctx.Request.Header
+	scan, err := httpwire.ScanRequestHeaders(h.RawHeaders(), rt.tenantHeader)
+	if err == nil && scan.Fields&httpwire.HasHost == 0 && h.IsHTTP11() {
+		err = httpwire.ErrMissingHost
+	}
+	if err != nil {
+		respond.Error(ctx, fasthttp.StatusBadRequest, "request refused: "+err.Error())
+		rt.target.Done(fasthttp.StatusBadRequest, ctx.Time())
+		return
+	}
+	if rt.caps != nil {
+		now := g.now(ctx)
+		if res := rt.caps.Check(scan.Want, now); !res.Allowed {
+			respond.Tenant(ctx, res, now)
+			g.stats.Reject(tenant.Control, "ingress")
+			rt.target.Done(fasthttp.StatusTooManyRequests, ctx.Time())
+			return
+		}
+	}
+	if scan.Fields&httpwire.HasRequestID == 0 {
+		var id [32]byte
+		h.SetBytesV("X-Request-Id", g.ids.Append(id[:0]))
+	}
+	if m := g.mount.Load(); m != nil && m.matches(requestPath(h.RequestURI())) {
+		g.serveMounted(ctx, rt, m)
+		return
+	}
+	g.forward(ctx, rt, scan.Fields)
+}
+
+// now is the request's time for the tenant windows: the instant fasthttp
+// already read when the request arrived, unless a test clock is in charge.
+func (g *Ingress) now(ctx *fasthttp.RequestCtx) time.Time {
+	if g.realClock {
+		return ctx.Time()
+	}
+	return g.opts.Clock.Now()
+}
+
+func (g *Ingress) serveMounted(ctx *fasthttp.RequestCtx, rt *policyState, m *mount) {
+	if err := forward.ReadAll(ctx, MountBodyLimit); err != nil {
+		if errors.Is(err, forward.ErrTooLarge) {
+			respond.Error(ctx, fasthttp.StatusRequestEntityTooLarge, "request body over 1 MiB")
+		} else {
+			respond.Error(ctx, fasthttp.StatusBadRequest, err.Error())
+		}
+	} else {
+		m.h(ctx)
+	}
+	rt.mounted.Done(ctx.Response.StatusCode(), ctx.Time())
+}
+
+func (m *mount) matches(path []byte) bool {
+	if !bytes.HasPrefix(path, []byte(m.prefix)) {
+		return false
+	}
+	rest := path[len(m.prefix):]
+	return len(rest) == 0 || rest[0] == '/'
+}
+
+// requestPath is the path of a request target, absolute-form included.
+func requestPath(uri []byte) []byte {
+	if len(uri) > 0 && uri[0] != '/' {
+		if _, _, origin, ok := httpwire.SplitAbsoluteForm(uri); ok {
+			uri = origin
+		}
+	}
+	if i := bytes.IndexByte(uri, '?'); i >= 0 {
+		uri = uri[:i]
+	}
+	return uri
+}
+
+// exchange is the state of one request forwarded to the worker; it
+// outlives the handler when the response body is streamed.
+type exchange struct {
+	body   forward.Body
+	req    connpool.Request
+	target *stats.Target
+	start  time.Time
+	code   int
+}
+
+var exchanges = sync.Pool{New: func() any { return new(exchange) }}
+
+// Finish ends a streamed response (connpool.Finisher).
+func (x *exchange) Finish(error) { x.done() }
+
+func (x *exchange) done() {
+	x.target.Done(x.code, x.start)
+	x.body.Release()
+	x.req = connpool.Request{}
+	x.target = nil
+	exchanges.Put(x)
+}
+
+func (g *Ingress) forward(ctx *fasthttp.RequestCtx, rt *policyState, f httpwire.Fields) {
+	h := &ctx.Request.Header
+	httpwire.StripRequest(h, f)
+	if uri := h.RequestURI(); len(uri) > 0 && uri[0] != '/' && uri[0] != '*' {
+		if _, _, origin, ok := httpwire.SplitAbsoluteForm(uri); ok {
+			if len(origin) == 0 || origin[0] == '?' {
+				h.SetRequestURIBytes(append([]byte{'/'}, origin...))
+			} else {
+				h.SetRequestURIBytes(origin)
+			}
+		}
+	}
+	x := exchanges.Get().(*exchange)
+	x.target, x.start = rt.target, ctx.Time()
+	x.req.Header = h
+	if _, err := x.body.Prepare(ctx, &x.req, 0); err != nil {
+		respond.Error(ctx, fasthttp.StatusBadRequest, err.Error())
+		x.code = fasthttp.StatusBadRequest
+		x.done()
+		return
+	}
+	streamed, err := rt.worker.Do(&x.req, &ctx.Response, x)
+	if err != nil {
+		if connpool.KindOf(err) == connpool.KindClient {
+			respond.Error(ctx, fasthttp.StatusBadRequest, err.Error())
+			x.code = fasthttp.StatusBadRequest
+		} else {
+			x.code = respond.Upstream(ctx, "worker", err)
+			_, control := respond.UpstreamStatus(err)
+			g.stats.Reject(control, "worker")
+			g.opts.Log.Debug("ingress: worker exchange failed", "err", err)
+		}
+		x.done()
+		return
+	}
+	httpwire.StripResponse(&ctx.Response.Header)
+	x.code = ctx.Response.StatusCode()
+	if !streamed {
+		x.done()
+	}
+}

@@ -1,0 +1,482 @@
+package ingress
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/valyala/fasthttp"
+	"go.uber.org/goleak"
+
+	"github.com/warden-dev/warden/governor/clock"
+	"github.com/warden-dev/warden/internal/fasttest"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m, fasttest.LeakOptions()...) }
+
+// t0 is mid-second so that a 1 s window has room on both sides.
+var t0 = time.Date(2026, 3, 2, 10, 0, 0, 250_000_000, time.UTC)
+
+type fixture struct {
+	in     *Ingress
+	gov    *fasttest.Governor
+	worker *fasttest.Upstream
+	addr   string
+	clk    *clock.Fake
+}
+
+func policyFor(worker, tenant string) string {
+	return fmt.Sprintf(`version: 1
+ingress:
+  listen: 127.0.0.1:0
+  worker: http://%s
+%s`, worker, tenant)
+}
+
+func start(t *testing.T, tenant string, h fasthttp.RequestHandler) *fixture {
+	t.Helper()
+	f := &fixture{clk: clock.NewFake(t0)}
+	f.worker = fasttest.StartUpstream(t, h)
+	var c = (*fasttest.Governor)(nil)
+	_ = c
+	gov, ctl := fasttest.NewGovernor(t, f.clk, policyFor(f.worker.Addr, tenant))
+	f.gov = gov
+	f.in = New(Options{Clock: f.clk, Metrics: gov.Metrics})
+	if err := f.in.Apply(context.Background(), ctl); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		if err := f.in.Shutdown(ctx); err != nil {
+			t.Errorf("shutdown: %v", err)
+		}
+	})
+	f.addr = f.in.Addr()
+	return f
+}
+
+func (f *fixture) get(t *testing.T, path string, hdr map[string]string) (*http.Response, string) {
+	t.Helper()
+	req, _ := http.NewRequest("GET", "http://"+f.addr+path, nil)
+	for k, v := range hdr {
+		req.Header.Set(k, v)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp, string(b)
+}
+
+func echoHeaders(ctx *fasthttp.RequestCtx) {
+	for k, v := range ctx.Request.Header.All() {
+		fmt.Fprintf(ctx, "%s: %s\n", strings.ToLower(string(k)), v)
+	}
+}
+
+func TestForwardsAndStripsHopByHop(t *testing.T) {
+	f := start(t, "", func(ctx *fasthttp.RequestCtx) {
+		ctx.Response.Header.Set("Connection", "X-Worker-Hop")
+		ctx.Response.Header.Set("X-Worker-Hop", "1")
+		ctx.Response.Header.Set("Keep-Alive", "timeout=5")
+		ctx.Response.Header.Set("Proxy-Authenticate", "Basic")
+		ctx.Response.Header.Set("X-End-To-End", "kept")
+		echoHeaders(ctx)
+	})
+	resp, body := fasttest.Raw(t, f.addr, "GET /echo?q=1 HTTP/1.1\r\nHost: svc\r\nConnection: keep-alive, X-Hop\r\nX-Hop: 1\r\n"+
+		"Keep-Alive: timeout=5\r\nProxy-Authorization: Basic x\r\nProxy-Connection: keep-alive\r\nTE: gzip\r\nTrailer: X-T\r\n"+
+		"Upgrade: websocket\r\nX-Kept: yes\r\n\r\n")
+	if resp.StatusCode != 200 {
+		t.Fatalf("status %d: %s", resp.StatusCode, body)
+	}
+	got := string(body)
+	for _, gone := range []string{"connection:", "x-hop:", "keep-alive:", "proxy-authorization:", "proxy-connection:", "te:", "trailer:", "upgrade:"} {
+		if strings.Contains(got, "\n"+gone) || strings.HasPrefix(got, gone) {
+			t.Errorf("worker received %q:\n%s", gone, got)
+		}
+	}
+	if !strings.Contains(got, "x-kept: yes") || !strings.Contains(got, "host: svc") {
+		t.Errorf("end-to-end headers lost:\n%s", got)
+	}
+	id := ""
+	for _, line := range strings.Split(got, "\n") {
+		if v, ok := strings.CutPrefix(line, "x-request-id: "); ok {
+			id = v
+		}
+	}
+	if len(id) != 32 {
+		t.Errorf("x-request-id %q not added", id)
+	}
+	for _, gone := range []string{"X-Worker-Hop", "Keep-Alive", "Proxy-Authenticate"} {
+		if resp.Header.Get(gone) != "" {
+			t.Errorf("client received %s", gone)
+		}
+	}
+	if resp.Header.Get("X-End-To-End") != "kept" {
+		t.Errorf("end-to-end response header lost: %v", resp.Header)
+	}
+	if f.worker.Paths()[0] != "/echo" {
+		t.Errorf("worker path %v", f.worker.Paths())
+	}
+
+	// A request ID the caller chose is kept.
+	_, body2 := f.get(t, "/", map[string]string{"X-Request-Id": "caller-id"})
+	if !strings.Contains(body2, "x-request-id: caller-id\n") || strings.Count(body2, "x-request-id") != 1 {
+		t.Errorf("caller's x-request-id not kept:\n%s", body2)
+	}
+	if n := fasttest.Value(f.gov.Metrics.Requests.WithLabelValues("ingress", "worker", "200")); n != 2 {
+		t.Errorf("warden_requests_total{ingress,worker,200} = %v, want 2", n)
+	}
+}
+
+func TestAbsoluteFormBecomesOriginForm(t *testing.T) {
+	f := start(t, "", func(ctx *fasthttp.RequestCtx) { ctx.Write(ctx.Request.Header.RequestURI()) })
+	_, body := fasttest.Raw(t, f.addr, "GET http://svc/a/b?c=d HTTP/1.1\r\nHost: svc\r\n\r\n")
+	if string(body) != "/a/b?c=d" {
+		t.Fatalf("worker saw %q", body)
+	}
+	_, body = fasttest.Raw(t, f.addr, "GET http://svc?x HTTP/1.1\r\nHost: svc\r\n\r\n")
+	if string(body) != "/?x" {
+		t.Fatalf("worker saw %q", body)
+	}
+}
+
+func TestTenantCap(t *testing.T) {
+	f := start(t, `  tenant: { header: x-tenant-id, rate: 3, window: 1 }
+  tenants: { acme: { rate: 5, window: 60 } }`, func(ctx *fasthttp.RequestCtx) {})
+	for i := range 3 {
+		if resp, body := f.get(t, "/", map[string]string{"X-Tenant-Id": "globex"}); resp.StatusCode != 200 {
+			t.Fatalf("request %d: %d %s", i+1, resp.StatusCode, body)
+		}
+	}
+	resp, body := f.get(t, "/", map[string]string{"X-Tenant-Id": "globex"})
+	if resp.StatusCode != 429 {
+		t.Fatalf("4th request: %d", resp.StatusCode)
+	}
+	want := map[string]string{
+		"Retry-After": "1", "Ratelimit-Limit": "3", "Ratelimit-Remaining": "0", "Ratelimit-Reset": "1",
+		"X-Warden-Control": "tenant_rate", "Content-Type": "application/json",
+	}
+	for k, v := range want {
+		if got := resp.Header.Get(k); got != v {
+			t.Errorf("%s = %q, want %q", k, got, v)
+		}
+	}
+	if wantBody := `{"control":"tenant_rate","quota":"tenant:globex","limit":3,"current":4,"retryAfterSeconds":1}`; body != wantBody {
+		t.Errorf("body %s\nwant %s", body, wantBody)
+	}
+	if n := f.worker.Requests.Load(); n != 3 {
+		t.Errorf("worker saw %d requests, want 3", n)
+	}
+	// Another tenant has its own window; an override applies.
+	for i := range 5 {
+		if resp, _ := f.get(t, "/", map[string]string{"X-Tenant-Id": "acme"}); resp.StatusCode != 200 {
+			t.Fatalf("acme request %d refused", i+1)
+		}
+	}
+	resp, body = f.get(t, "/", map[string]string{"X-Tenant-Id": "acme"})
+	if resp.StatusCode != 429 || resp.Header.Get("Retry-After") != "60" || !strings.Contains(body, `"limit":5,"current":6,"retryAfterSeconds":60`) {
+		t.Errorf("acme over its override: %d %v %s", resp.StatusCode, resp.Header, body)
+	}
+	// Requests without the header share the bucket named by the header.
+	for range 3 {
+		f.get(t, "/", nil)
+	}
+	resp, body = f.get(t, "/", nil)
+	if resp.StatusCode != 429 || !strings.Contains(body, `"quota":"tenant:header:x-tenant-id"`) {
+		t.Errorf("anonymous over the cap: %d %s", resp.StatusCode, body)
+	}
+	// The next window admits again.
+	f.clk.Advance(time.Second)
+	if resp, _ := f.get(t, "/", map[string]string{"X-Tenant-Id": "globex"}); resp.StatusCode != 200 {
+		t.Errorf("next window refused: %d", resp.StatusCode)
+	}
+	if n := fasttest.Value(f.gov.Metrics.Rejections.WithLabelValues("tenant_rate", "ingress")); n != 3 {
+		t.Errorf("warden_rejections_total{tenant_rate,ingress} = %v, want 3", n)
+	}
+}
+
+// TestSmugglingRefused sends each ambiguous request over raw TCP, each
+// followed by a pipelined request a smuggler would hide in the body: the
+// answer is 400, the connection closes, and the worker sees nothing.
+func TestSmugglingRefused(t *testing.T) {
+	f := start(t, "", func(ctx *fasthttp.RequestCtx) {
+		if s := ctx.RequestBodyStream(); s != nil {
+			_, _ = io.Copy(io.Discard, s)
+		}
+	})
+	smuggled := "GET /smuggled HTTP/1.1\r\nHost: x\r\n\r\n"
+	tests := []struct{ name, req string }{
+		{"CL and TE", "POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n"},
+		{"TE and CL", "POST / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\nContent-Length: 5\r\n\r\n0\r\n\r\n"},
+		{"TE identity and CL", "POST / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: identity\r\nContent-Length: 5\r\n\r\nhello"},
+		{"duplicate CL", "POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\nContent-Length: 5\r\n\r\nhello"},
+		{"conflicting CL", "POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\nContent-Length: 41\r\n\r\nhello"},
+		{"CL list", "POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 5, 5\r\n\r\nhello"},
+		{"CL plus sign", "POST / HTTP/1.1\r\nHost: x\r\nContent-Length: +5\r\n\r\nhello"},
+		{"TE gzip chunked", "POST / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: gzip, chunked\r\n\r\n0\r\n\r\n"},
+		{"TE twice", "POST / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n"},
+		{"TE with space before colon", "POST / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding : chunked\r\n\r\n0\r\n\r\n"},
+		{"TE obs-fold", "POST / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding:\r\n chunked\r\n\r\n0\r\n\r\n"},
+		{"obs-fold", "GET / HTTP/1.1\r\nHost: x\r\nX-A: b\r\n c\r\n\r\n"},
+		{"bare LF", "GET / HTTP/1.1\r\nHost: x\nX-A: b\r\n\r\n"},
+		{"space in name", "GET / HTTP/1.1\r\nHost: x\r\nX A: b\r\n\r\n"},
+		{"NUL in value", "GET / HTTP/1.1\r\nHost: x\r\nX-A: a\x00b\r\n\r\n"},
+		{"two hosts", "GET / HTTP/1.1\r\nHost: x\r\nHost: y\r\n\r\n"},
+		{"no host", "GET / HTTP/1.1\r\nX-A: b\r\n\r\n"},
+		{"TE in HTTP/1.0", "POST / HTTP/1.0\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n"},
+		{"bad chunk size", "POST / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\nhello\r\n0\r\n\r\n"},
+		{"negative chunk size", "POST / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n-5\r\nhello\r\n0\r\n\r\n"},
+		{"chunk without CRLF", "POST / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhelloXX0\r\n\r\n"},
+		{"chunk size overflow", "POST / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\nffffffffffffffffffff\r\nhello\r\n0\r\n\r\n"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			before := f.worker.Requests.Load()
+			c, err := net.Dial("tcp", f.addr)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+			_ = c.SetDeadline(time.Now().Add(5 * time.Second))
+			io.WriteString(c, tc.req+smuggled)
+			br := bufio.NewReader(c)
+			resp, err := http.ReadResponse(br, nil)
+			if err != nil {
+				t.Fatalf("no response: %v", err)
+			}
+			io.Copy(io.Discard, resp.Body)
+			if resp.StatusCode != 400 {
+				t.Fatalf("status %d, want 400", resp.StatusCode)
+			}
+			// Nothing more comes back: the connection is closed, so the
+			// pipelined request is never read.
+			if extra, err := br.ReadString('\n'); err == nil {
+				t.Fatalf("connection kept serving: %q", extra)
+			}
+			if n := f.worker.Requests.Load() - before; n != 0 {
+				t.Fatalf("worker saw %d requests: %v", n, f.worker.Paths())
+			}
+		})
+	}
+}
+
+func TestChunkedAndLargeBodies(t *testing.T) {
+	f := start(t, "", func(ctx *fasthttp.RequestCtx) {
+		n, err := io.Copy(io.Discard, ctx.RequestBodyStream())
+		if err != nil {
+			ctx.SetStatusCode(500)
+		}
+		fmt.Fprintf(ctx, "%d %s", n, ctx.Request.Header.Peek("Content-Length"))
+	})
+	// A small chunked body is re-framed with a length.
+	_, body := fasttest.Raw(t, f.addr, "POST / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n6\r\n world\r\n0\r\n\r\n")
+	if string(body) != "11 11" {
+		t.Fatalf("small chunked: worker read %q", body)
+	}
+	// A long one streams on in chunks.
+	c, err := net.Dial("tcp", f.addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	go func() {
+		w := bufio.NewWriter(c)
+		io.WriteString(w, "POST / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n")
+		chunk := strings.Repeat("x", 10000)
+		for range 50 {
+			fmt.Fprintf(w, "%x\r\n%s\r\n", len(chunk), chunk)
+		}
+		io.WriteString(w, "0\r\n\r\n")
+		w.Flush()
+	}()
+	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	if string(b) != "500000 " {
+		t.Fatalf("long chunked: worker read %q", b)
+	}
+}
+
+func TestWorkerDown(t *testing.T) {
+	f := start(t, "", func(ctx *fasthttp.RequestCtx) {})
+	ln, _ := net.Listen("tcp", "127.0.0.1:0")
+	dead := ln.Addr().String()
+	ln.Close()
+	if err := f.in.Apply(context.Background(), f.gov.Load(t, policyFor(dead, ""))); err != nil {
+		t.Fatal(err)
+	}
+	// Apply kept the listener (same listen key), so the address is unchanged.
+	resp, body := f.get(t, "/", nil)
+	if resp.StatusCode != 502 || resp.Header.Get("X-Warden-Control") != "upstream" || !strings.Contains(body, `"control":"upstream","target":"worker"`) {
+		t.Fatalf("worker down: %d %v %s", resp.StatusCode, resp.Header, body)
+	}
+	if n := fasttest.Value(f.gov.Metrics.Rejections.WithLabelValues("upstream", "worker")); n != 1 {
+		t.Errorf("warden_rejections_total{upstream,worker} = %v", n)
+	}
+}
+
+func TestMount(t *testing.T) {
+	f := start(t, "  tenant: { rate: 2, window: 60 }", func(ctx *fasthttp.RequestCtx) { ctx.WriteString("worker") })
+	f.in.Mount("/v1/runs", func(ctx *fasthttp.RequestCtx) {
+		fmt.Fprintf(ctx, "runs %s %s", ctx.Path(), ctx.PostBody())
+	})
+	post := func(path, body string) (int, string) {
+		resp, err := http.Post("http://"+f.addr+path, "application/json", strings.NewReader(body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(b)
+	}
+	if st, b := post("/v1/runs", `{"name":"x"}`); st != 200 || b != `runs /v1/runs {"name":"x"}` {
+		t.Fatalf("POST /v1/runs: %d %s", st, b)
+	}
+	if st, b := post("/v1/runsx", ""); st != 200 || b != "worker" {
+		t.Fatalf("/v1/runsx went to %d %s", st, b)
+	}
+	// The tenant cap applies to the run API like to everything else.
+	if st, b := post("/v1/runs/abc", ""); st != 429 || !strings.Contains(b, "tenant_rate") {
+		t.Fatalf("third request: %d %s", st, b)
+	}
+}
+
+func TestMountBodyLimit(t *testing.T) {
+	f := start(t, "", func(ctx *fasthttp.RequestCtx) {})
+	f.in.Mount("/v1/runs", func(ctx *fasthttp.RequestCtx) { ctx.SetStatusCode(202) })
+	// Announced too large: refused before the body is read (beyond the
+	// 8 KiB fasthttp reads ahead before any handler runs).
+	resp, _ := fasttest.Raw(t, f.addr, fmt.Sprintf("POST /v1/runs HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n%s",
+		MountBodyLimit+1, strings.Repeat("x", 8<<10)))
+	if resp.StatusCode != 413 {
+		t.Fatalf("oversized run body: %d", resp.StatusCode)
+	}
+	// Chunked past the limit: refused once the limit is crossed.
+	chunk := strings.Repeat("x", 64<<10)
+	var b strings.Builder
+	for range MountBodyLimit/len(chunk) + 1 {
+		fmt.Fprintf(&b, "%x\r\n%s\r\n", len(chunk), chunk)
+	}
+	resp, _ = fasttest.Raw(t, f.addr, "POST /v1/runs HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"+b.String()+"0\r\n\r\n")
+	if resp.StatusCode != 413 {
+		t.Fatalf("oversized chunked run body: %d", resp.StatusCode)
+	}
+}
+
+func TestGracefulDrain(t *testing.T) {
+	release := make(chan struct{})
+	var once sync.Once
+	unblock := func() { once.Do(func() { close(release) }) }
+	defer unblock()
+	entered := make(chan struct{})
+	f := start(t, "", func(ctx *fasthttp.RequestCtx) {
+		close(entered)
+		<-release
+		ctx.WriteString("finished")
+	})
+	type result struct {
+		status int
+		body   string
+		err    error
+	}
+	done := make(chan result, 1)
+	go func() {
+		resp, err := http.Get("http://" + f.addr + "/slow")
+		if err != nil {
+			done <- result{err: err}
+			return
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		done <- result{status: resp.StatusCode, body: string(b)}
+	}()
+	<-entered
+	shut := make(chan error, 1)
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		shut <- f.in.Shutdown(ctx)
+	}()
+	// The listener stops accepting while the request is in flight.
+	fasttest.WaitFor(t, "listener closed", func() bool {
+		c, err := net.DialTimeout("tcp", f.addr, 100*time.Millisecond)
+		if err == nil {
+			c.Close()
+		}
+		return err != nil
+	})
+	unblock()
+	r := <-done
+	if r.err != nil || r.status != 200 || r.body != "finished" {
+		t.Fatalf("in-flight request: %+v", r)
+	}
+	if err := <-shut; err != nil {
+		t.Fatalf("shutdown: %v", err)
+	}
+}
+
+func TestDrainDeadlineCutsStragglers(t *testing.T) {
+	release := make(chan struct{})
+	entered := make(chan struct{})
+	var once sync.Once
+	f := start(t, "", func(ctx *fasthttp.RequestCtx) {
+		once.Do(func() { close(entered) })
+		<-release
+	})
+	defer close(release)
+	errc := make(chan error, 1)
+	go func() {
+		resp, err := http.Get("http://" + f.addr + "/stuck")
+		if err == nil {
+			resp.Body.Close()
+		}
+		errc <- err
+	}()
+	<-entered
+	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+	defer cancel()
+	if err := f.in.Shutdown(ctx); err == nil {
+		t.Fatal("shutdown past its deadline reported success")
+	}
+	if err := <-errc; err == nil {
+		t.Fatal("straggler got a response after the deadline cut it")
+	}
+}
+
+func TestReloadMovesListener(t *testing.T) {
+	f := start(t, "", func(ctx *fasthttp.RequestCtx) { ctx.WriteString("ok") })
+	ln, _ := net.Listen("tcp", "127.0.0.1:0")
+	next := ln.Addr().String()
+	ln.Close()
+	yaml := strings.Replace(policyFor(f.worker.Addr, ""), "127.0.0.1:0", next, 1)
+	if err := f.in.Apply(context.Background(), f.gov.Load(t, yaml)); err != nil {
+		t.Fatal(err)
+	}
+	if f.in.Addr() != next {
+		t.Fatalf("listener at %s, want %s", f.in.Addr(), next)
+	}
+	f.addr = next
+	if resp, body := f.get(t, "/", nil); resp.StatusCode != 200 || body != "ok" {
+		t.Fatalf("%d %s", resp.StatusCode, body)
+	}
+	// Removing the section stops the listener.
+	if err := f.in.Apply(context.Background(), f.gov.Load(t, "version: 1\n")); err != nil {
+		t.Fatal(err)
+	}
+	if f.in.Addr() != "" {
+		t.Fatal("listener still bound without an ingress section")
+	}
+}

@@ -1,0 +1,94 @@
+// Package listener runs one fasthttp server on one address for a proxy
+// component, and drains it: Shutdown stops accepting, lets in-flight
+// requests finish until the context's deadline, then closes whatever is
+// left. Hijacked connections (CONNECT tunnels) are the hijacker's to
+// track.
+package listener
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"sync"
+
+	"github.com/valyala/fasthttp"
+)
+
+// Listener is a fasthttp server bound to one address.
+type Listener struct {
+	srv  *fasthttp.Server
+	ln   net.Listener
+	done chan struct{}
+	log  *slog.Logger
+
+	mu    sync.Mutex
+	conns map[net.Conn]struct{} // every connection the server holds
+}
+
+// Start listens on addr and serves srv there. srv.ConnState is taken over
+// to track connections.
+func Start(addr string, srv *fasthttp.Server, log *slog.Logger) (*Listener, error) {
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("listen on %s: %w", addr, err)
+	}
+	l := &Listener{srv: srv, ln: ln, done: make(chan struct{}), log: log, conns: map[net.Conn]struct{}{}}
+	srv.ConnState = l.connState
+	srv.CloseOnShutdown = true
+	go func() {
+		defer close(l.done)
+		if err := srv.Serve(ln); err != nil && !errors.Is(err, net.ErrClosed) {
+			log.Error("listener stopped", "addr", addr, "err", err)
+		}
+	}()
+	return l, nil
+}
+
+// Addr is the bound address (useful with port 0).
+func (l *Listener) Addr() net.Addr { return l.ln.Addr() }
+
+func (l *Listener) connState(c net.Conn, st fasthttp.ConnState) {
+	l.mu.Lock()
+	switch st {
+	case fasthttp.StateNew:
+		l.conns[c] = struct{}{}
+	case fasthttp.StateClosed, fasthttp.StateHijacked:
+		delete(l.conns, c)
+	}
+	l.mu.Unlock()
+}
+
+// Shutdown stops accepting, waits for in-flight requests until ctx ends,
+// then closes every connection left.
+func (l *Listener) Shutdown(ctx context.Context) error {
+	err := l.srv.ShutdownWithContext(ctx)
+	// fasthttp's Shutdown does nothing when Serve has not registered the
+	// listener yet; closing it here makes Serve return in every case.
+	_ = l.ln.Close()
+	if err != nil {
+		// The grace period is over: what is still open is cut.
+		l.mu.Lock()
+		for c := range l.conns {
+			c.Close()
+		}
+		l.mu.Unlock()
+	}
+	<-l.done
+	return err
+}
+
+// WaitDrains waits for the background drains of replaced listeners until
+// ctx ends, then cancels them (cutting what they still serve) and waits for
+// them to return.
+func WaitDrains(ctx context.Context, wg *sync.WaitGroup, cancel context.CancelFunc) {
+	done := make(chan struct{})
+	go func() { wg.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-ctx.Done():
+	}
+	cancel()
+	<-done
+}

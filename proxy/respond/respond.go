@@ -1,0 +1,142 @@
+// Package respond writes the responses warden itself produces on the HTTP
+// listeners: every refusal names its control (SPEC §4) in the
+// x-warden-control header and in the JSON body's "control" field, with
+// Retry-After in whole seconds where waiting helps.
+package respond
+
+import (
+	"strconv"
+	"time"
+
+	"github.com/valyala/fasthttp"
+
+	"github.com/warden-dev/warden/connpool"
+	"github.com/warden-dev/warden/governor/breaker"
+	"github.com/warden-dev/warden/governor/pool"
+	"github.com/warden-dev/warden/governor/tenant"
+)
+
+// HeaderControl names the control that refused or shaped a response.
+const HeaderControl = "x-warden-control"
+
+// Control names used here beyond the governor's own (SPEC §4).
+const (
+	ControlBreaker  = "circuit_breaker"
+	ControlUpstream = "upstream"
+	ControlTimeout  = "timeout"
+	// ControlUnlisted refuses hosts no target matches when
+	// egress.allow_unlisted is false; it is named after that key.
+	ControlUnlisted = "allow_unlisted"
+)
+
+// begin resets whatever an upstream attempt left in the response.
+func begin(ctx *fasthttp.RequestCtx, status int, control string) {
+	ctx.Response.Reset()
+	ctx.Response.SetStatusCode(status)
+	ctx.Response.Header.SetContentType("application/json")
+	if control != "" {
+		ctx.Response.Header.Set(HeaderControl, control)
+	}
+}
+
+func setInt(h *fasthttp.ResponseHeader, key string, v int64) {
+	var b [20]byte
+	h.SetBytesV(key, strconv.AppendInt(b[:0], v, 10))
+}
+
+// Tenant writes SPEC §4's tenant 429: Retry-After, RateLimit-Limit,
+// RateLimit-Remaining, RateLimit-Reset, x-warden-control: tenant_rate and
+// {"control":"tenant_rate","quota":...,"limit":...,"current":...,"retryAfterSeconds":...}.
+func Tenant(ctx *fasthttp.RequestCtx, r tenant.Result, now time.Time) {
+	begin(ctx, fasthttp.StatusTooManyRequests, tenant.Control)
+	h := &ctx.Response.Header
+	secs := int64(r.RetryAfter(now))
+	setInt(h, fasthttp.HeaderRetryAfter, secs)
+	setInt(h, "RateLimit-Limit", r.Limit)
+	setInt(h, "RateLimit-Remaining", r.Remaining())
+	setInt(h, "RateLimit-Reset", secs)
+	var buf [160]byte
+	ctx.Response.SetBody(r.AppendBody(buf[:0], now)) // copied: buf may stay on the stack
+}
+
+// Breaker writes the open-breaker 503:
+// {"control":"circuit_breaker","target":"stripe","retryAfterSeconds":N}.
+func Breaker(ctx *fasthttp.RequestCtx, target string, retryAfter time.Duration) {
+	secs := int64(breaker.RetryAfterSeconds(retryAfter))
+	begin(ctx, fasthttp.StatusServiceUnavailable, ControlBreaker)
+	setInt(&ctx.Response.Header, fasthttp.HeaderRetryAfter, secs)
+	body := append(make([]byte, 0, 96), `{"control":"circuit_breaker","target":`...)
+	body = strconv.AppendQuote(body, target)
+	body = append(body, `,"retryAfterSeconds":`...)
+	body = strconv.AppendInt(body, secs, 10)
+	ctx.Response.SetBodyRaw(append(body, '}'))
+}
+
+// Pool writes a pool's 429:
+// {"control":"pool_queue","pool":"stripe","target":"stripe","retryAfterSeconds":N}.
+// Retry-After is the time to the rate window's end, or 1 s when the pool
+// was full on concurrency (a slot frees when any request ends).
+func Pool(ctx *fasthttp.RequestCtx, rej *pool.Rejection, target string) {
+	secs := int64(breaker.RetryAfterSeconds(rej.RetryAfter))
+	begin(ctx, fasthttp.StatusTooManyRequests, rej.Control)
+	setInt(&ctx.Response.Header, fasthttp.HeaderRetryAfter, secs)
+	body := append(make([]byte, 0, 128), `{"control":`...)
+	body = strconv.AppendQuote(body, rej.Control)
+	body = append(body, `,"pool":`...)
+	body = strconv.AppendQuote(body, rej.Pool)
+	body = append(body, `,"target":`...)
+	body = strconv.AppendQuote(body, target)
+	body = append(body, `,"retryAfterSeconds":`...)
+	body = strconv.AppendInt(body, secs, 10)
+	ctx.Response.SetBodyRaw(append(body, '}'))
+}
+
+// UpstreamStatus is the status and control an upstream failure is answered
+// with: 504 timeout for an exchange past its deadline, 502 upstream for
+// anything else the upstream did.
+func UpstreamStatus(err error) (int, string) {
+	if connpool.KindOf(err) == connpool.KindTimeout {
+		return fasthttp.StatusGatewayTimeout, ControlTimeout
+	}
+	return fasthttp.StatusBadGateway, ControlUpstream
+}
+
+// Upstream writes the 502/504 for a failed exchange with target:
+// {"control":"upstream","target":"worker","error":"dial 127.0.0.1:9000: connection refused"}.
+// It returns the status written.
+func Upstream(ctx *fasthttp.RequestCtx, target string, err error) int {
+	status, control := UpstreamStatus(err)
+	begin(ctx, status, control)
+	body := append(make([]byte, 0, 160), `{"control":`...)
+	body = strconv.AppendQuote(body, control)
+	body = append(body, `,"target":`...)
+	body = strconv.AppendQuote(body, target)
+	body = append(body, `,"error":`...)
+	body = strconv.AppendQuote(body, err.Error())
+	ctx.Response.SetBodyRaw(append(body, '}'))
+	return status
+}
+
+// Unlisted writes the 403 for a host no target matches when unlisted hosts
+// are refused.
+func Unlisted(ctx *fasthttp.RequestCtx, host []byte) {
+	begin(ctx, fasthttp.StatusForbidden, ControlUnlisted)
+	body := append(make([]byte, 0, 128), `{"control":"allow_unlisted","host":`...)
+	body = strconv.AppendQuote(body, string(host))
+	body = append(body, `,"error":"no target lists this host and egress.allow_unlisted is false"}`...)
+	ctx.Response.SetBodyRaw(body)
+}
+
+// Error writes status with {"error":msg}. For 400 and 413 it also closes
+// the connection: after a request whose framing was refused nothing else
+// on the connection can be trusted, and a body too large to accept is not
+// worth reading to its end just to keep the connection.
+func Error(ctx *fasthttp.RequestCtx, status int, msg string) {
+	begin(ctx, status, "")
+	body := append(make([]byte, 0, 64+len(msg)), `{"error":`...)
+	body = strconv.AppendQuote(body, msg)
+	ctx.Response.SetBodyRaw(append(body, '}'))
+	if status == fasthttp.StatusBadRequest || status == fasthttp.StatusRequestEntityTooLarge {
+		ctx.SetConnectionClose()
+	}
+}
