@@ -160,3 +160,22 @@ func TestRetryDelayUsesClock(t *testing.T) {
 		t.Fatalf("%+v after %d attempts", r, up.Requests.Load())
 	}
 }
+
+// TestBreakerOpeningEndsRetriesWithLastFailure: a breaker that opens on an
+// attempt's failure stops the retries, and the client gets that failure,
+// not the empty response the retry had already been prepared with.
+func TestBreakerOpeningEndsRetriesWithLastFailure(t *testing.T) {
+	f, up := retryFixture(t, "retry: { count: 3, logic: fixed, delay: 0s, jitter: 0 }\n"+
+		"circuit_breaker: { enabled: true, failure_ratio: 0.5, minimum_requests: 1 }", always(503, "overloaded"))
+	r := f.do(t, "GET", "http://api.test/", nil)
+	if r.status != 503 || r.body != "overloaded" {
+		t.Fatalf("client got %+v, want the upstream's 503", r)
+	}
+	if n := up.Requests.Load(); n != 1 {
+		t.Fatalf("upstream saw %d attempts after the breaker opened on the first", n)
+	}
+	// The breaker refused the retry: it was not sent, so it is not counted.
+	if n := fasttest.Value(f.gov.Metrics.Retries.WithLabelValues("api")); n != 0 {
+		t.Fatalf("warden_retries_total{api} = %v", n)
+	}
+}
