@@ -1,8 +1,6 @@
 package egress
 
 import (
-	"bytes"
-	"net"
 	"strconv"
 	"time"
 
@@ -147,16 +145,7 @@ func (e *Egress) refuseAdmission(ctx *fasthttp.RequestCtx, r *route, ref admit.R
 }
 
 // loops reports whether a request for hostport would come back to this
-// listener: same port, and a loopback, unspecified or identical host.
+// listener.
 func (tb *table) loops(hostport []byte, hostLen int) bool {
-	selfHost, selfPort, err := net.SplitHostPort(tb.self)
-	if err != nil || string(hostport[hostLen+1:]) != selfPort {
-		return false
-	}
-	host := bytes.Trim(hostport[:hostLen], "[]")
-	if string(host) == "localhost" || string(host) == selfHost {
-		return true
-	}
-	ip := net.ParseIP(string(host))
-	return ip != nil && (ip.IsLoopback() || ip.IsUnspecified())
+	return httpwire.SelfAddressed(tb.self, hostport, hostLen)
 }

@@ -135,6 +135,7 @@ func (g *Grpc) Apply(ctx context.Context, c *governor.Controls) error {
 			}()
 		}
 	}
+	tb.self = g.ln.Addr().String()
 	g.table.Store(tb)
 	g.retainTransports(tb.transportKeys)
 	return nil

@@ -438,3 +438,19 @@ func FuzzServiceOf(f *testing.F) {
 		}
 	})
 }
+
+// TestCallToItselfRefused: a client dialling the egress names it in
+// :authority; an unlisted call forwarded there would come straight back,
+// again and again, until its timeout. It is refused at once instead.
+func TestCallToItselfRefused(t *testing.T) {
+	f := start(t, grpcPolicy("  allow_unlisted: true", "  - name: other\n    grpc_service: other.v1.Other\n"))
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	_, err := f.call(ctx, "x")
+	if status.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), "egress listener itself") {
+		t.Fatalf("call to the listener itself: %v", err)
+	}
+	if n := fasttest.Value(f.gov.Metrics.Requests.WithLabelValues("grpc", "_unlisted", "3")); n != 1 {
+		t.Fatalf("warden_requests_total{grpc,_unlisted,3} = %v: the call looped", n)
+	}
+}

@@ -21,6 +21,7 @@ import (
 const (
 	codeOK                = 0
 	codeCancelled         = 1
+	codeInvalidArgument   = 3
 	codeDeadlineExceeded  = 4
 	codePermissionDenied  = 7
 	codeResourceExhausted = 8
@@ -50,6 +51,11 @@ func (g *Grpc) serve(w http.ResponseWriter, r *http.Request) {
 		g.stats.Reject(respond.ControlUnlisted, "grpc")
 		trailersOnly(w, codePermissionDenied, "no target serves "+r.URL.Path+" at "+r.Host+" and egress.allow_unlisted is false", respond.ControlUnlisted)
 		g.stats.Target(unlistedName).DoneGRPC(codePermissionDenied, start)
+		return
+	}
+	if rt.host == "" && tb.loops(r.Host) {
+		trailersOnly(w, codeInvalidArgument, "call addressed to the grpc egress listener itself ("+r.Host+")", "")
+		rt.Stats.DoneGRPC(codeInvalidArgument, start)
 		return
 	}
 	var adm admit.Admission
