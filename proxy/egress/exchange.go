@@ -1,6 +1,7 @@
 package egress
 
 import (
+	"errors"
 	"strconv"
 	"sync"
 	"time"
@@ -30,6 +31,7 @@ type exchange struct {
 	e     *Egress
 	r     *route
 	adm   admit.Admission
+	wait  poolWait
 	body  forward.Body
 	req   connpool.Request
 	start time.Time
@@ -79,8 +81,19 @@ func (e *Egress) exchange(ctx *fasthttp.RequestCtx, x *exchange, pool *connpool.
 	retryable = retryable && buffered
 	if r.Timeout > 0 {
 		// From the request's arrival: the timeout bounds the whole
-		// exchange, waiting in a pool included.
+		// exchange, waiting in a pool and reading the client's body
+		// included.
 		x.req.Deadline = x.start.Add(r.Timeout)
+		if !time.Now().Before(x.req.Deadline) {
+			// Used up before anything was sent: the upstream is not to
+			// blame, so the breaker hears nothing.
+			x.adm.Ticket.Done(breaker.Neutral)
+			x.code = respond.Upstream(ctx, r.Name, &connpool.Error{Kind: connpool.KindTimeout, Op: "read the request for",
+				Addr: r.Name, Err: errors.New("the target's timeout passed before the request could be sent")})
+			r.Stats.Reject(respond.ControlTimeout, r.Name)
+			x.done()
+			return
+		}
 	}
 	if r.Retry != nil {
 		r.Retry.RecordExecution()

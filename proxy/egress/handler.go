@@ -1,11 +1,14 @@
 package egress
 
 import (
+	"context"
+	"errors"
 	"strconv"
 	"time"
 
 	"github.com/valyala/fasthttp"
 
+	"github.com/warden-dev/warden/connpool"
 	"github.com/warden-dev/warden/governor/tenant"
 	"github.com/warden-dev/warden/proxy/admit"
 	"github.com/warden-dev/warden/proxy/httpwire"
@@ -72,7 +75,14 @@ func (e *Egress) serve(ctx *fasthttp.RequestCtx) {
 	}
 	x := getExchange(e, r, ctx.Time())
 	now := e.now(ctx)
-	if ref, ok := admit.Admit(ctx, &x.adm, &r.Target, tb.caps, scan.Want, "egress", now); !ok {
+	var wait context.Context = ctx
+	if r.Timeout > 0 {
+		x.wait = poolWait{Context: ctx, deadline: x.start.Add(r.Timeout)}
+		wait = &x.wait
+	}
+	ref, ok := admit.Admit(wait, &x.adm, &r.Target, tb.caps, scan.Want, "egress", now)
+	x.wait.end()
+	if !ok {
 		x.code = e.refuseAdmission(ctx, r, ref, now)
 		x.done()
 		return
@@ -127,6 +137,11 @@ func (e *Egress) refuse(ctx *fasthttp.RequestCtx, status int, msg string) {
 
 // refuseAdmission writes the refusal of a control and counts it.
 func (e *Egress) refuseAdmission(ctx *fasthttp.RequestCtx, r *route, ref admit.Refusal, now time.Time) int {
+	if errors.Is(ref.Err, context.DeadlineExceeded) {
+		// The target's timeout passed while the request waited in a pool.
+		r.Stats.Reject(respond.ControlTimeout, r.Name)
+		return respond.Upstream(ctx, r.Name, &connpool.Error{Kind: connpool.KindTimeout, Op: "wait in", Addr: "pool " + ref.Scope, Err: ref.Err})
+	}
 	r.Stats.Reject(ref.Control, ref.Scope)
 	switch {
 	case ref.Control == tenant.Control:
