@@ -486,3 +486,34 @@ func TestTimeoutBoundsPoolWait(t *testing.T) {
 		t.Fatalf("the breaker counted the wait in warden's own queue: %+v", snap)
 	}
 }
+
+// TestShutdownCutsCallsOfAMovedListener: a call still running on the
+// listener a reload moved away from is cut when shutdown's grace ends,
+// like the calls on the current listener.
+func TestShutdownCutsCallsOfAMovedListener(t *testing.T) {
+	e, addr := startEcho(t)
+	yaml := grpcPolicy("  allow_unlisted: false", echoTarget(addr, "timeout: 0s"))
+	f := start(t, yaml)
+	errc := make(chan error, 1)
+	go func() {
+		_, err := f.call(context.Background(), "block")
+		errc <- err
+	}()
+	<-e.entered
+	if err := f.g.Apply(context.Background(), f.gov.Load(t, strings.Replace(yaml, "127.0.0.1:0", "localhost:0", 1))); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+	defer cancel()
+	_ = f.g.Shutdown(ctx)
+	select {
+	case err := <-errc:
+		if err == nil {
+			t.Fatal("the blocked call succeeded")
+		}
+	case <-time.After(10 * time.Second): // a failure bound
+		close(e.release)
+		<-errc
+		t.Fatal("Shutdown returned with a call still running on the old listener")
+	}
+}
