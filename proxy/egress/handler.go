@@ -62,11 +62,8 @@ func (e *Egress) serve(ctx *fasthttp.RequestCtx) {
 		e.refuse(ctx, fasthttp.StatusBadRequest, "target host "+strconv.Quote(string(authority))+" is not a host[:port]")
 		return
 	}
-	r := tb.lookup(hostport, hostLen)
+	r := e.route(ctx, tb, hostport, hostLen)
 	if r == nil {
-		respond.Unlisted(ctx, hostport[:hostLen])
-		e.stats.Reject(respond.ControlUnlisted, "egress")
-		e.stats.Target(unlistedName).Done(fasthttp.StatusForbidden, ctx.Time())
 		return
 	}
 	if r.fixed == nil && tb.loops(hostport, hostLen) {
@@ -127,6 +124,19 @@ func (e *Egress) now(ctx *fasthttp.RequestCtx) time.Time {
 		return ctx.Time()
 	}
 	return e.opts.Clock.Now()
+}
+
+// route finds the route for a normalised authority, or answers the 403
+// for a host no target lists (when unlisted hosts are refused) and returns
+// nil.
+func (e *Egress) route(ctx *fasthttp.RequestCtx, tb *table, hostport []byte, hostLen int) *route {
+	r := tb.lookup(hostport, hostLen)
+	if r == nil {
+		respond.Unlisted(ctx, hostport[:hostLen])
+		e.stats.Reject(respond.ControlUnlisted, "egress")
+		e.stats.Target(unlistedName).Done(fasthttp.StatusForbidden, ctx.Time())
+	}
+	return r
 }
 
 // refuse answers a request that was not understood.

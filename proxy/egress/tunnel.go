@@ -34,11 +34,8 @@ func (e *Egress) connect(ctx *fasthttp.RequestCtx, tb *table, scan httpwire.Scan
 		e.refuse(ctx, fasthttp.StatusBadRequest, "CONNECT target "+strconv.Quote(string(authority))+" is not host:port")
 		return
 	}
-	r := tb.lookup(hostport, hostLen)
+	r := e.route(ctx, tb, hostport, hostLen)
 	if r == nil {
-		respond.Unlisted(ctx, hostport[:hostLen])
-		e.stats.Reject(respond.ControlUnlisted, "egress")
-		e.stats.Target(unlistedName).Done(fasthttp.StatusForbidden, ctx.Time())
 		return
 	}
 	addr := r.upstreamAddr
