@@ -64,7 +64,7 @@ func (x *exchange) done() {
 func (e *Egress) exchange(ctx *fasthttp.RequestCtx, x *exchange, pool *connpool.Pool, f httpwire.Fields) {
 	r := x.r
 	h := &ctx.Request.Header
-	retryable := r.Retry != nil && (httpwire.Idempotent(h.Method()) || f&httpwire.HasIdempotencyKey != 0)
+	retryable := r.Retry != nil && (httpwire.Idempotent(h.Method()) || sendsIdempotencyKey(h, f))
 	keep := 0
 	if retryable {
 		keep = RetryBodyMax
@@ -138,6 +138,17 @@ func (e *Egress) exchange(ctx *fasthttp.RequestCtx, x *exchange, pool *connpool.
 			}
 		}
 	}
+}
+
+// sendsIdempotencyKey reports whether the request, as stripped for the
+// upstream, still carries its Idempotency-Key: a Connection header naming
+// it has removed it, and a request the upstream sees without its key is
+// not safe to send twice.
+func sendsIdempotencyKey(h *fasthttp.RequestHeader, f httpwire.Fields) bool {
+	if f&httpwire.HasIdempotencyKey == 0 {
+		return false
+	}
+	return f&httpwire.HasConnection == 0 || len(h.Peek("Idempotency-Key")) > 0
 }
 
 // retry decides whether to retry after failed attempt number attempt

@@ -41,6 +41,10 @@ func TestRetriesOnlyIdempotent(t *testing.T) {
 		{"POST not retried", "POST", nil, 503, 1},
 		{"PATCH not retried", "PATCH", nil, 503, 1},
 		{"POST with Idempotency-Key retried", "POST", map[string]string{"Idempotency-Key": "k1"}, 503, 4},
+		{"POST with empty Idempotency-Key not retried", "POST", map[string]string{"Idempotency-Key": ""}, 503, 1},
+		// Connection names it: it is stripped, so the upstream never sees it.
+		{"POST with Idempotency-Key named in Connection not retried", "POST",
+			map[string]string{"Idempotency-Key": "k1", "Connection": "Idempotency-Key"}, 503, 1},
 		{"404 is not a failure", "GET", nil, 404, 1},
 	}
 	for _, tc := range tests {
