@@ -520,6 +520,12 @@ func TestDynamicPoolsAreDropped(t *testing.T) {
 	if s.Dynamic([]byte(u.addr), Config{Addr: u.addr, IdleTimeout: time.Second}) != p {
 		t.Fatal("dynamic pool not shared")
 	}
+	// Changed settings (a reload) replace it.
+	q := s.Dynamic([]byte(u.addr), Config{Addr: u.addr, IdleTimeout: time.Second, MaxConns: 2})
+	if q == p || s.Dynamic([]byte(u.addr), Config{Addr: u.addr, IdleTimeout: time.Second, MaxConns: 2}) != q {
+		t.Fatal("a dynamic pool with other settings was not replaced once")
+	}
+	p = q
 	if _, _, err := exchange(t, p, &Request{Header: getRequest(u.addr, "/")}); err != nil {
 		t.Fatal(err)
 	}

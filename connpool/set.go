@@ -60,13 +60,13 @@ func (s *Set) Lookup(key []byte) *Pool {
 
 // Dynamic is Pool for upstreams known only from a request (a host no
 // target names, or a target without upstream). Such pools are dropped once
-// they have had no connection for a whole idle timeout. The key must
-// identify the settings: an existing pool is returned as is.
+// they have had no connection for a whole idle timeout. Like Pool, it
+// replaces a pool whose settings changed (a reload).
 func (s *Set) Dynamic(key []byte, cfg Config) *Pool {
 	s.mu.Lock()
 	p := s.pools[string(key)]
 	s.mu.Unlock()
-	if p != nil {
+	if p != nil && p.cfg.equal(cfg) {
 		return p
 	}
 	return s.get(string(key), cfg, true)

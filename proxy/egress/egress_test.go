@@ -243,17 +243,7 @@ func TestDrainWaitsForTunnelsThenCuts(t *testing.T) {
 	}()
 	defer func() { ln.Close(); wg.Wait() }()
 	f := start(t, egressPolicy("  allow_unlisted: true", ""), nil)
-	c, err := net.Dial("tcp", f.addr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	fmt.Fprintf(c, "CONNECT %s HTTP/1.1\r\nHost: %s\r\n\r\n", ln.Addr(), ln.Addr())
-	br := bufio.NewReader(c)
-	resp, err := http.ReadResponse(br, &http.Request{Method: "CONNECT"})
-	if err != nil || resp.StatusCode != 200 {
-		t.Fatalf("CONNECT: %v %v", resp, err)
-	}
+	c, br := openTunnel(t, f.addr, ln.Addr().String())
 	io.WriteString(c, "ping")
 	buf := make([]byte, 4)
 	if _, err := io.ReadFull(br, buf); err != nil || string(buf) != "ping" {
@@ -273,3 +263,55 @@ func TestDrainWaitsForTunnelsThenCuts(t *testing.T) {
 }
 
 var _ = tls.Config{}
+
+// TestTunnelPassesUpstreamEOF: when the far end closes, the client sees
+// the end of the stream (a server speaking until close, like an HTTP/1.0
+// response, relies on it) and the tunnel's pool slot is released once the
+// client closes in turn.
+func TestTunnelPassesUpstreamEOF(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	served := make(chan struct{})
+	go func() {
+		defer close(served)
+		c, err := ln.Accept()
+		if err != nil {
+			return
+		}
+		io.WriteString(c, "hello, then goodbye")
+		c.Close()
+	}()
+	defer func() { ln.Close(); <-served }()
+	f := start(t, egressPolicy("  allow_unlisted: false", "targets:\n"+target("far", []string{ln.Addr().String()}, "", "pools: [far]")+
+		"pools:\n  far: { concurrency: 1 }\n"), nil)
+	c, br := openTunnel(t, f.addr, ln.Addr().String())
+	// The deadline only bounds a failure: the EOF is what is waited for.
+	_ = c.SetReadDeadline(time.Now().Add(10 * time.Second))
+	got, err := io.ReadAll(br)
+	if err != nil || string(got) != "hello, then goodbye" {
+		t.Fatalf("read %q, %v; want the far end's bytes, then EOF", got, err)
+	}
+	c.Close()
+	inFlight := f.gov.Metrics.PoolInFlight.WithLabelValues("far")
+	fasttest.WaitFor(t, "the tunnel's pool slot to be released", func() bool { return fasttest.Value(inFlight) == 0 })
+}
+
+// openTunnel opens a CONNECT tunnel to far through the egress at addr; the
+// connection is closed when the test ends.
+func openTunnel(t *testing.T, addr, far string) (net.Conn, *bufio.Reader) {
+	t.Helper()
+	c, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	fmt.Fprintf(c, "CONNECT %s HTTP/1.1\r\nHost: %s\r\n\r\n", far, far)
+	br := bufio.NewReader(c)
+	resp, err := http.ReadResponse(br, &http.Request{Method: "CONNECT"})
+	if err != nil || resp.StatusCode != 200 {
+		t.Fatalf("CONNECT: %v %v", resp, err)
+	}
+	return c, br
+}

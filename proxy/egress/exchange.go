@@ -1,6 +1,7 @@
 package egress
 
 import (
+	"errors"
 	"strconv"
 	"sync"
 	"time"
@@ -30,6 +31,7 @@ type exchange struct {
 	e     *Egress
 	r     *route
 	adm   admit.Admission
+	wait  poolWait
 	body  forward.Body
 	req   connpool.Request
 	start time.Time
@@ -62,7 +64,7 @@ func (x *exchange) done() {
 func (e *Egress) exchange(ctx *fasthttp.RequestCtx, x *exchange, pool *connpool.Pool, f httpwire.Fields) {
 	r := x.r
 	h := &ctx.Request.Header
-	retryable := r.Retry != nil && (httpwire.Idempotent(h.Method()) || f&httpwire.HasIdempotencyKey != 0)
+	retryable := r.Retry != nil && (httpwire.Idempotent(h.Method()) || sendsIdempotencyKey(h, f))
 	keep := 0
 	if retryable {
 		keep = RetryBodyMax
@@ -79,8 +81,19 @@ func (e *Egress) exchange(ctx *fasthttp.RequestCtx, x *exchange, pool *connpool.
 	retryable = retryable && buffered
 	if r.Timeout > 0 {
 		// From the request's arrival: the timeout bounds the whole
-		// exchange, waiting in a pool included.
+		// exchange, waiting in a pool and reading the client's body
+		// included.
 		x.req.Deadline = x.start.Add(r.Timeout)
+		if !time.Now().Before(x.req.Deadline) {
+			// Used up before anything was sent: the upstream is not to
+			// blame, so the breaker hears nothing.
+			x.adm.Ticket.Done(breaker.Neutral)
+			x.code = respond.Upstream(ctx, r.Name, &connpool.Error{Kind: connpool.KindTimeout, Op: "read the request for",
+				Addr: r.Name, Err: errors.New("the target's timeout passed before the request could be sent")})
+			r.Stats.Reject(respond.ControlTimeout, r.Name)
+			x.done()
+			return
+		}
 	}
 	if r.Retry != nil {
 		r.Retry.RecordExecution()
@@ -88,6 +101,7 @@ func (e *Egress) exchange(ctx *fasthttp.RequestCtx, x *exchange, pool *connpool.
 	ticket := x.adm.Ticket
 	for attempt := 1; ; attempt++ {
 		streamed, err := pool.Do(&x.req, &ctx.Response, x)
+		var again bool
 		if err != nil {
 			if connpool.KindOf(err) == connpool.KindClient {
 				ticket.Done(breaker.Neutral)
@@ -99,7 +113,10 @@ func (e *Egress) exchange(ctx *fasthttp.RequestCtx, x *exchange, pool *connpool.
 			ticket.Done(breaker.Failure)
 			x.code = respond.Upstream(ctx, r.Name, err)
 			_, control := respond.UpstreamStatus(err)
-			if !retryable || control == respond.ControlTimeout || !e.retry(ctx, x, attempt, err.Error()) {
+			if retryable && control != respond.ControlTimeout {
+				ticket, again = e.retry(ctx, x, attempt, err.Error())
+			}
+			if !again {
 				r.Stats.Reject(control, r.Name)
 				x.done()
 				return
@@ -110,40 +127,52 @@ func (e *Egress) exchange(ctx *fasthttp.RequestCtx, x *exchange, pool *connpool.
 			ticket.Done(outcome)
 			httpwire.StripResponse(&ctx.Response.Header)
 			x.code = status
-			if outcome != breaker.Failure || !retryable || streamed || !e.retry(ctx, x, attempt, failureReason(&ctx.Response)) {
+			if outcome == breaker.Failure && retryable && !streamed {
+				ticket, again = e.retry(ctx, x, attempt, failureReason(&ctx.Response))
+			}
+			if !again {
 				if !streamed {
 					x.done()
 				}
 				return
 			}
 		}
-		// Each retry passes the breaker again: one that opened meanwhile
-		// ends the retries with the last failure.
-		var ok bool
-		if ticket, _, ok = r.Breaker.Allow(); !ok {
-			x.done()
-			return
-		}
 	}
 }
 
+// sendsIdempotencyKey reports whether the request, as stripped for the
+// upstream, still carries its Idempotency-Key: a Connection header naming
+// it has removed it, and a request the upstream sees without its key is
+// not safe to send twice.
+func sendsIdempotencyKey(h *fasthttp.RequestHeader, f httpwire.Fields) bool {
+	if f&httpwire.HasIdempotencyKey == 0 {
+		return false
+	}
+	return f&httpwire.HasConnection == 0 || len(h.Peek("Idempotency-Key")) > 0
+}
+
 // retry decides whether to retry after failed attempt number attempt
-// (1-based) and waits the policy's delay on the clock. A retry refused by
-// the budget marks the returned failure with x-warden-control:
-// retry_budget.
-func (e *Egress) retry(ctx *fasthttp.RequestCtx, x *exchange, attempt int, reason string) bool {
+// (1-based), waits the policy's delay on the clock, and passes the breaker
+// again, returning the retry's ticket. Until it returns true the response
+// holds the failure, which is what the client gets when there is no retry:
+// a retry refused by the budget marks it with x-warden-control:
+// retry_budget, and a breaker that opened meanwhile ends the retries with
+// it.
+func (e *Egress) retry(ctx *fasthttp.RequestCtx, x *exchange, attempt int, reason string) (breaker.Ticket, bool) {
 	r := x.r
+	// Checked before ShouldRetry, which charges the budget with a retry
+	// that must then be made.
+	d := r.Retry.Delay(attempt, nil)
+	if !x.req.Deadline.IsZero() && time.Until(x.req.Deadline) <= d {
+		return breaker.Ticket{}, false // the retry could not finish within the timeout
+	}
 	ok, control := r.Retry.ShouldRetry(attempt, reason)
 	if !ok {
 		if control == retry.ControlBudget {
 			ctx.Response.Header.Set(respond.HeaderControl, control)
 			r.Stats.Reject(control, r.Name)
 		}
-		return false
-	}
-	d := r.Retry.Delay(attempt, nil)
-	if !x.req.Deadline.IsZero() && time.Until(x.req.Deadline) <= d {
-		return false // the retry could not finish within the timeout
+		return breaker.Ticket{}, false
 	}
 	if d > 0 {
 		t := e.opts.Clock.NewTimer(d)
@@ -151,12 +180,16 @@ func (e *Egress) retry(ctx *fasthttp.RequestCtx, x *exchange, attempt int, reaso
 		select {
 		case <-t.C():
 		case <-ctx.Done():
-			return false // shutting down
+			return breaker.Ticket{}, false // shutting down
 		}
+	}
+	ticket, _, ok := r.Breaker.Allow()
+	if !ok {
+		return breaker.Ticket{}, false
 	}
 	r.Stats.Retry()
 	ctx.Response.Reset()
-	return true
+	return ticket, true
 }
 
 // failureReason is what non_retryable entries are matched against: the

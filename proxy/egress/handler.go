@@ -1,13 +1,14 @@
 package egress
 
 import (
-	"bytes"
-	"net"
+	"context"
+	"errors"
 	"strconv"
 	"time"
 
 	"github.com/valyala/fasthttp"
 
+	"github.com/warden-dev/warden/connpool"
 	"github.com/warden-dev/warden/governor/tenant"
 	"github.com/warden-dev/warden/proxy/admit"
 	"github.com/warden-dev/warden/proxy/httpwire"
@@ -61,11 +62,8 @@ func (e *Egress) serve(ctx *fasthttp.RequestCtx) {
 		e.refuse(ctx, fasthttp.StatusBadRequest, "target host "+strconv.Quote(string(authority))+" is not a host[:port]")
 		return
 	}
-	r := tb.lookup(hostport, hostLen)
+	r := e.route(ctx, tb, hostport, hostLen)
 	if r == nil {
-		respond.Unlisted(ctx, hostport[:hostLen])
-		e.stats.Reject(respond.ControlUnlisted, "egress")
-		e.stats.Target(unlistedName).Done(fasthttp.StatusForbidden, ctx.Time())
 		return
 	}
 	if r.fixed == nil && tb.loops(hostport, hostLen) {
@@ -74,7 +72,14 @@ func (e *Egress) serve(ctx *fasthttp.RequestCtx) {
 	}
 	x := getExchange(e, r, ctx.Time())
 	now := e.now(ctx)
-	if ref, ok := admit.Admit(ctx, &x.adm, &r.Target, tb.caps, scan.Want, "egress", now); !ok {
+	var wait context.Context = ctx
+	if r.Timeout > 0 {
+		x.wait = poolWait{Context: ctx, deadline: x.start.Add(r.Timeout)}
+		wait = &x.wait
+	}
+	ref, ok := admit.Admit(wait, &x.adm, &r.Target, tb.caps, scan.Want, "egress", now)
+	x.wait.end()
+	if !ok {
 		x.code = e.refuseAdmission(ctx, r, ref, now)
 		x.done()
 		return
@@ -121,6 +126,19 @@ func (e *Egress) now(ctx *fasthttp.RequestCtx) time.Time {
 	return e.opts.Clock.Now()
 }
 
+// route finds the route for a normalised authority, or answers the 403
+// for a host no target lists (when unlisted hosts are refused) and returns
+// nil.
+func (e *Egress) route(ctx *fasthttp.RequestCtx, tb *table, hostport []byte, hostLen int) *route {
+	r := tb.lookup(hostport, hostLen)
+	if r == nil {
+		respond.Unlisted(ctx, hostport[:hostLen])
+		e.stats.Reject(respond.ControlUnlisted, "egress")
+		e.stats.Target(unlistedName).Done(fasthttp.StatusForbidden, ctx.Time())
+	}
+	return r
+}
+
 // refuse answers a request that was not understood.
 func (e *Egress) refuse(ctx *fasthttp.RequestCtx, status int, msg string) {
 	respond.Error(ctx, status, msg)
@@ -129,6 +147,11 @@ func (e *Egress) refuse(ctx *fasthttp.RequestCtx, status int, msg string) {
 
 // refuseAdmission writes the refusal of a control and counts it.
 func (e *Egress) refuseAdmission(ctx *fasthttp.RequestCtx, r *route, ref admit.Refusal, now time.Time) int {
+	if errors.Is(ref.Err, context.DeadlineExceeded) {
+		// The target's timeout passed while the request waited in a pool.
+		r.Stats.Reject(respond.ControlTimeout, r.Name)
+		return respond.Upstream(ctx, r.Name, &connpool.Error{Kind: connpool.KindTimeout, Op: "wait in", Addr: "pool " + ref.Scope, Err: ref.Err})
+	}
 	r.Stats.Reject(ref.Control, ref.Scope)
 	switch {
 	case ref.Control == tenant.Control:
@@ -147,16 +170,7 @@ func (e *Egress) refuseAdmission(ctx *fasthttp.RequestCtx, r *route, ref admit.R
 }
 
 // loops reports whether a request for hostport would come back to this
-// listener: same port, and a loopback, unspecified or identical host.
+// listener.
 func (tb *table) loops(hostport []byte, hostLen int) bool {
-	selfHost, selfPort, err := net.SplitHostPort(tb.self)
-	if err != nil || string(hostport[hostLen+1:]) != selfPort {
-		return false
-	}
-	host := bytes.Trim(hostport[:hostLen], "[]")
-	if string(host) == "localhost" || string(host) == selfHost {
-		return true
-	}
-	ip := net.ParseIP(string(host))
-	return ip != nil && (ip.IsLoopback() || ip.IsUnspecified())
+	return httpwire.SelfAddressed(tb.self, hostport, hostLen)
 }

@@ -111,3 +111,37 @@ func TestEgressTenantCap(t *testing.T) {
 		t.Fatalf("rejections{tenant_rate,egress} = %v", n)
 	}
 }
+
+// TestTimeoutBoundsPoolWait: a request waiting in a pool's queue gets its
+// target's 504 when the timeout passes, without reaching the upstream; the
+// wait is warden's own, so the target's breaker hears nothing of it.
+func TestTimeoutBoundsPoolWait(t *testing.T) {
+	up, open := holdUpstream(t)
+	f := start(t, egressPolicy("  allow_unlisted: false", "targets:\n"+
+		target("slow", []string{"slow.test"}, "http://"+up.Addr, "timeout: 0s\npools: [p]")+
+		target("api", []string{"api.test"}, "http://"+up.Addr,
+			"timeout: 200ms\npools: [p]\ncircuit_breaker: { enabled: true, failure_ratio: 0.5, minimum_requests: 1 }")+
+		"pools:\n  p: { concurrency: 1, queue: 5, max_wait: 30s }\n"), nil)
+	held := f.goDo("GET", "http://slow.test/hold", nil)
+	defer func() { open(); <-held }()
+	fasttest.WaitFor(t, "the pool's only slot taken", func() bool { return up.InFlight.Load() == 1 })
+	waiting := f.goDo("GET", "http://api.test/", nil)
+	var r reply
+	select {
+	case r = <-waiting:
+	case <-time.After(10 * time.Second): // a failure bound, not a wait for the timeout
+		t.Error("still waiting in the pool 10 s after its 200ms timeout")
+		open()
+		r = <-waiting
+	}
+	if r.status != 504 || r.header.Get("X-Warden-Control") != "timeout" || !strings.Contains(r.body, `"control":"timeout","target":"api"`) {
+		t.Fatalf("queued past its timeout: %+v", r)
+	}
+	if n := up.Requests.Load(); n != 1 {
+		t.Fatalf("upstream saw %d requests; the timed-out one must not reach it", n)
+	}
+	open()
+	if r := f.do(t, "GET", "http://api.test/", nil); r.status != 200 {
+		t.Fatalf("the breaker counted the wait in warden's own queue: %+v", r)
+	}
+}

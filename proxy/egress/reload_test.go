@@ -10,19 +10,27 @@ import (
 	"github.com/warden-dev/warden/internal/fasttest"
 )
 
+// holdUpstream answers "ok", holding requests for /hold until open is
+// called (at the latest when the test ends).
+func holdUpstream(t *testing.T) (up *fasttest.Upstream, open func()) {
+	gate := make(chan struct{})
+	var once sync.Once
+	open = func() { once.Do(func() { close(gate) }) }
+	up = fasttest.StartUpstream(t, func(ctx *fasthttp.RequestCtx) {
+		if string(ctx.Path()) == "/hold" {
+			<-gate
+		}
+		ctx.WriteString("ok")
+	})
+	t.Cleanup(open) // before the upstream's shutdown, which waits for its handlers
+	return up, open
+}
+
 // TestReloadKeepsPoolState: a reload that keeps a pool's name and settings
 // keeps its in-flight count, so a request holding the only slot still
 // holds it afterwards.
 func TestReloadKeepsPoolState(t *testing.T) {
-	gate := make(chan struct{})
-	var once sync.Once
-	open := func() { once.Do(func() { close(gate) }) }
-	defer open()
-	up := fasttest.StartUpstream(t, func(ctx *fasthttp.RequestCtx) {
-		if string(ctx.Path()) == "/hold" {
-			<-gate
-		}
-	})
+	up, open := holdUpstream(t)
 	other := fasttest.StartUpstream(t, func(ctx *fasthttp.RequestCtx) {})
 	api := target("api", []string{"api.test"}, "http://"+up.Addr, "pools: [one]")
 	pools := "pools:\n  one: { concurrency: 1 }\n"
@@ -47,16 +55,7 @@ func TestReloadKeepsPoolState(t *testing.T) {
 // gives it a new connection pool; the request in flight on the old one
 // finishes there.
 func TestReloadReplacesUpstreamPool(t *testing.T) {
-	gate := make(chan struct{})
-	var once sync.Once
-	open := func() { once.Do(func() { close(gate) }) }
-	defer open()
-	up := fasttest.StartUpstream(t, func(ctx *fasthttp.RequestCtx) {
-		if string(ctx.Path()) == "/hold" {
-			<-gate
-		}
-		ctx.WriteString("ok")
-	})
+	up, open := holdUpstream(t)
 	yaml := egressPolicy("  allow_unlisted: false", "targets:\n"+target("api", []string{"api.test"}, "http://"+up.Addr, "max_connections: 4"))
 	f := start(t, yaml, nil)
 	old := f.eg.table.Load().byHost["api.test"].fixed
@@ -74,4 +73,24 @@ func TestReloadReplacesUpstreamPool(t *testing.T) {
 		t.Fatalf("request in flight on the old pool: %+v", r)
 	}
 	fasttest.WaitFor(t, "the old pool to close its connection", func() bool { return old.Stats().Open == 0 })
+}
+
+// TestReloadAppliesToDynamicPools: connection settings changed by a reload
+// apply to hosts reached without a fixed upstream too (unlisted hosts,
+// targets without upstream), whose pools are made on demand per host.
+func TestReloadAppliesToDynamicPools(t *testing.T) {
+	up, open := holdUpstream(t)
+	yaml := egressPolicy("  allow_unlisted: true\n  defaults: { max_connections: 1, timeout: 0s }", "")
+	f := start(t, yaml, nil)
+	held := f.goDo("GET", "http://"+up.Addr+"/hold", nil)
+	fasttest.WaitFor(t, "the only connection taken", func() bool { return up.InFlight.Load() == 1 })
+	f.reload(t, strings.Replace(yaml, "max_connections: 1", "max_connections: 2", 1))
+	second := f.goDo("GET", "http://"+up.Addr+"/hold", nil)
+	fasttest.WaitFor(t, "a second connection under the new max_connections", func() bool { return up.InFlight.Load() == 2 })
+	open()
+	for _, ch := range []<-chan reply{held, second} {
+		if r := <-ch; r.status != 200 {
+			t.Fatalf("held request: %+v", r)
+		}
+	}
 }

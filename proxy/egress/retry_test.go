@@ -1,6 +1,9 @@
 package egress
 
 import (
+	"bufio"
+	"io"
+	"net"
 	"net/http"
 	"strings"
 	"sync/atomic"
@@ -38,6 +41,10 @@ func TestRetriesOnlyIdempotent(t *testing.T) {
 		{"POST not retried", "POST", nil, 503, 1},
 		{"PATCH not retried", "PATCH", nil, 503, 1},
 		{"POST with Idempotency-Key retried", "POST", map[string]string{"Idempotency-Key": "k1"}, 503, 4},
+		{"POST with empty Idempotency-Key not retried", "POST", map[string]string{"Idempotency-Key": ""}, 503, 1},
+		// Connection names it: it is stripped, so the upstream never sees it.
+		{"POST with Idempotency-Key named in Connection not retried", "POST",
+			map[string]string{"Idempotency-Key": "k1", "Connection": "Idempotency-Key"}, 503, 1},
 		{"404 is not a failure", "GET", nil, 404, 1},
 	}
 	for _, tc := range tests {
@@ -158,5 +165,56 @@ func TestRetryDelayUsesClock(t *testing.T) {
 	f.clk.Advance(10 * time.Second)
 	if r := <-done; r.status != 503 || up.Requests.Load() != 3 {
 		t.Fatalf("%+v after %d attempts", r, up.Requests.Load())
+	}
+}
+
+// TestBreakerOpeningEndsRetriesWithLastFailure: a breaker that opens on an
+// attempt's failure stops the retries, and the client gets that failure,
+// not the empty response the retry had already been prepared with.
+func TestBreakerOpeningEndsRetriesWithLastFailure(t *testing.T) {
+	f, up := retryFixture(t, "retry: { count: 3, logic: fixed, delay: 0s, jitter: 0 }\n"+
+		"circuit_breaker: { enabled: true, failure_ratio: 0.5, minimum_requests: 1 }", always(503, "overloaded"))
+	r := f.do(t, "GET", "http://api.test/", nil)
+	if r.status != 503 || r.body != "overloaded" {
+		t.Fatalf("client got %+v, want the upstream's 503", r)
+	}
+	if n := up.Requests.Load(); n != 1 {
+		t.Fatalf("upstream saw %d attempts after the breaker opened on the first", n)
+	}
+	// The breaker refused the retry: it was not sent, so it is not counted.
+	if n := fasttest.Value(f.gov.Metrics.Retries.WithLabelValues("api")); n != 0 {
+		t.Fatalf("warden_retries_total{api} = %v", n)
+	}
+}
+
+// TestSlowUploadIsNotTheUpstreamsFailure: a chunked body kept for retries
+// is read before anything is sent; when the client's upload uses up the
+// target's timeout the request gets its 504 without being sent, and the
+// breaker hears nothing of it. (fasthttp reads bodies of known length up
+// to 4 MiB before the request starts.)
+func TestSlowUploadIsNotTheUpstreamsFailure(t *testing.T) {
+	f, up := retryFixture(t, "timeout: 100ms\nretry: { count: 1, delay: 0s }\n"+
+		"circuit_breaker: { enabled: true, failure_ratio: 0.5, minimum_requests: 1 }", always(200, "ok"))
+	c, err := net.Dial("tcp", f.addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	io.WriteString(c, "PUT /x HTTP/1.1\r\nHost: api.test\r\nTransfer-Encoding: chunked\r\n\r\n")
+	// There is no event to wait for: the point is a client slower than
+	// the timeout.
+	time.Sleep(300 * time.Millisecond)
+	io.WriteString(c, "5\r\nhello\r\n0\r\n\r\n")
+	_ = c.SetReadDeadline(time.Now().Add(10 * time.Second))
+	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != 504 || resp.Header.Get("X-Warden-Control") != "timeout" || up.Requests.Load() != 0 {
+		t.Fatalf("slow upload: %d %v, upstream saw %d", resp.StatusCode, resp.Header, up.Requests.Load())
+	}
+	if r := f.do(t, "GET", "http://api.test/", nil); r.status != 200 || r.body != "ok" {
+		t.Fatalf("the breaker counted the client's slowness against the target: %+v", r)
 	}
 }

@@ -132,7 +132,9 @@ func (e *Egress) pool(r *route, https bool, hostport []byte) *connpool.Pool {
 		key = append(key, "http:"...)
 	}
 	key = append(key, hostport...)
-	if p := e.pools.Lookup(key); p != nil {
+	// The key names the address; the route's settings may have changed
+	// with a reload since the pool was made, and then Dynamic replaces it.
+	if p := e.pools.Lookup(key); p != nil && sameConnSettings(p.Config(), r) {
 		return p
 	}
 	cfg := connpool.Config{Addr: string(hostport), MaxConns: r.maxConns, IdleTimeout: r.idleTimeout}
@@ -143,4 +145,10 @@ func (e *Egress) pool(r *route, https bool, hostport []byte) *connpool.Pool {
 		}
 	}
 	return e.pools.Dynamic(key, cfg)
+}
+
+// sameConnSettings reports whether a dynamic pool was made with r's
+// connection settings.
+func sameConnSettings(c connpool.Config, r *route) bool {
+	return c.MaxConns == r.maxConns && c.IdleTimeout == r.idleTimeout
 }

@@ -34,11 +34,8 @@ func (e *Egress) connect(ctx *fasthttp.RequestCtx, tb *table, scan httpwire.Scan
 		e.refuse(ctx, fasthttp.StatusBadRequest, "CONNECT target "+strconv.Quote(string(authority))+" is not host:port")
 		return
 	}
-	r := tb.lookup(hostport, hostLen)
+	r := e.route(ctx, tb, hostport, hostLen)
 	if r == nil {
-		respond.Unlisted(ctx, hostport[:hostLen])
-		e.stats.Reject(respond.ControlUnlisted, "egress")
-		e.stats.Target(unlistedName).Done(fasthttp.StatusForbidden, ctx.Time())
 		return
 	}
 	addr := r.upstreamAddr
@@ -127,9 +124,13 @@ func (t *tunnel) run(client net.Conn) {
 		closeWrite(t.up)
 	}()
 	_, _ = io.Copy(client, t.up)
-	// The upstream is done sending; the client may still be sending. A
-	// hijacked connection cannot be half-closed, so the client's side
-	// ends when it closes or the tunnel is cut.
+	// The upstream is done sending: the client must see the end of the
+	// stream (a server may speak until it closes), while it may still be
+	// sending itself. fasthttp's wrapper of a hijacked connection cannot
+	// half-close; the connection under it can.
+	if u, ok := client.(interface{ UnsafeConn() net.Conn }); ok {
+		closeWrite(u.UnsafeConn())
+	}
 	<-done
 	t.close()
 }

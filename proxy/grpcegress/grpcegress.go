@@ -23,6 +23,7 @@ import (
 	"github.com/warden-dev/warden/governor"
 	"github.com/warden-dev/warden/governor/clock"
 	"github.com/warden-dev/warden/governor/metrics"
+	"github.com/warden-dev/warden/proxy/listener"
 	"github.com/warden-dev/warden/proxy/stats"
 )
 
@@ -43,13 +44,16 @@ type Grpc struct {
 
 	table atomic.Pointer[table]
 
-	mu         sync.Mutex // serialises Apply and Shutdown
-	srv        *http.Server
-	ln         net.Listener
-	addr       string
-	done       chan struct{}
-	shutdown   bool
-	transports map[string]*http.Transport // by route key, kept across reloads
+	drains      sync.WaitGroup // servers of replaced listeners still draining
+	drainCtx    context.Context
+	cancelDrain context.CancelFunc
+	mu          sync.Mutex // serialises Apply and Shutdown
+	srv         *http.Server
+	ln          net.Listener
+	addr        string
+	done        chan struct{}
+	shutdown    bool
+	transports  map[string]*http.Transport // by route key, kept across reloads
 }
 
 // New returns a stopped gRPC egress; Apply starts it.
@@ -60,7 +64,9 @@ func New(opts Options) *Grpc {
 	if opts.Log == nil {
 		opts.Log = slog.Default()
 	}
-	return &Grpc{opts: opts, stats: stats.NewListener("grpc", opts.Metrics), transports: map[string]*http.Transport{}}
+	drainCtx, cancel := context.WithCancel(context.Background())
+	return &Grpc{opts: opts, stats: stats.NewListener("grpc", opts.Metrics), transports: map[string]*http.Transport{},
+		drainCtx: drainCtx, cancelDrain: cancel}
 }
 
 // Name implements the app's Component.
@@ -125,16 +131,18 @@ func (g *Grpc) Apply(ctx context.Context, c *governor.Controls) error {
 		oldSrv, oldDone := g.srv, g.done
 		g.srv, g.ln, g.addr, g.done = srv, ln, eg.GRPCListen, done
 		if oldSrv != nil {
+			// Drained in the background with a bounded grace, so a reload
+			// never waits for long calls; Shutdown waits for it.
+			g.drains.Add(1)
 			go func() {
-				ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+				defer g.drains.Done()
+				ctx, cancel := context.WithTimeout(g.drainCtx, 30*time.Second)
 				defer cancel()
-				if err := oldSrv.Shutdown(ctx); err != nil {
-					oldSrv.Close()
-				}
-				<-oldDone
+				_ = stopServer(ctx, oldSrv, oldDone)
 			}()
 		}
 	}
+	tb.self = g.ln.Addr().String()
 	g.table.Store(tb)
 	g.retainTransports(tb.transportKeys)
 	return nil
@@ -157,9 +165,15 @@ func (g *Grpc) stopLocked(ctx context.Context) error {
 	}
 	srv, done := g.srv, g.done
 	g.srv, g.ln, g.addr, g.done = nil, nil, "", nil
+	return stopServer(ctx, srv, done)
+}
+
+// stopServer stops srv accepting, lets its calls finish until ctx ends,
+// then cuts what is left, and waits for its Serve (which closes done) to
+// return.
+func stopServer(ctx context.Context, srv *http.Server, done <-chan struct{}) error {
 	err := srv.Shutdown(ctx)
 	if err != nil {
-		// The grace period is over: cut what is left.
 		srv.Close()
 	}
 	<-done
@@ -176,6 +190,7 @@ func (g *Grpc) Shutdown(ctx context.Context) error {
 	}
 	g.shutdown = true
 	err := g.stopLocked(ctx)
+	listener.WaitDrains(ctx, &g.drains, g.cancelDrain)
 	g.retainTransports(nil)
 	return err
 }

@@ -438,3 +438,82 @@ func FuzzServiceOf(f *testing.F) {
 		}
 	})
 }
+
+// TestCallToItselfRefused: a client dialling the egress names it in
+// :authority; an unlisted call forwarded there would come straight back,
+// again and again, until its timeout. It is refused at once instead.
+func TestCallToItselfRefused(t *testing.T) {
+	f := start(t, grpcPolicy("  allow_unlisted: true", "  - name: other\n    grpc_service: other.v1.Other\n"))
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	_, err := f.call(ctx, "x")
+	if status.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), "egress listener itself") {
+		t.Fatalf("call to the listener itself: %v", err)
+	}
+	if n := fasttest.Value(f.gov.Metrics.Requests.WithLabelValues("grpc", "_unlisted", "3")); n != 1 {
+		t.Fatalf("warden_requests_total{grpc,_unlisted,3} = %v: the call looped", n)
+	}
+}
+
+// TestTimeoutBoundsPoolWait: a call waiting in a pool's queue ends with
+// DEADLINE_EXCEEDED when its target's timeout passes, without reaching
+// the upstream, and the target's breaker hears nothing of the wait.
+func TestTimeoutBoundsPoolWait(t *testing.T) {
+	e, addr := startEcho(t)
+	f := start(t, grpcPolicy("  allow_unlisted: false",
+		"  - name: held\n    hosts: [held.test]\n    upstream: http://"+addr+"\n    timeout: 0s\n    pools: [one]\n"+
+			"  - name: quick\n    hosts: [quick.test]\n    upstream: http://"+addr+"\n    timeout: 200ms\n    pools: [one]\n"+
+			"    circuit_breaker: { enabled: true, failure_ratio: 0.5, minimum_requests: 1 }\n")+
+		"pools:\n  one: { concurrency: 1, queue: 5, max_wait: 30s }\n")
+	errc := make(chan error, 1)
+	go func() {
+		_, err := f.call(context.Background(), "block", grpc.CallAuthority("held.test"))
+		errc <- err
+	}()
+	<-e.entered
+	defer func() { close(e.release); <-errc }()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second) // a failure bound
+	defer cancel()
+	var trailer metadata.MD
+	_, err := f.call(ctx, "x", grpc.CallAuthority("quick.test"), grpc.Trailer(&trailer))
+	if status.Code(err) != codes.DeadlineExceeded || strings.Join(trailer.Get("x-warden-control"), ",") != "timeout" {
+		t.Fatalf("queued past its timeout: %v %v", err, trailer)
+	}
+	if n := e.calls.Load(); n != 1 {
+		t.Fatalf("upstream saw %d calls; the timed-out one must not reach it", n)
+	}
+	if snap := f.gov.Current().Targets["quick"].Breaker.Snapshot(); snap.Requests != 0 {
+		t.Fatalf("the breaker counted the wait in warden's own queue: %+v", snap)
+	}
+}
+
+// TestShutdownCutsCallsOfAMovedListener: a call still running on the
+// listener a reload moved away from is cut when shutdown's grace ends,
+// like the calls on the current listener.
+func TestShutdownCutsCallsOfAMovedListener(t *testing.T) {
+	e, addr := startEcho(t)
+	yaml := grpcPolicy("  allow_unlisted: false", echoTarget(addr, "timeout: 0s"))
+	f := start(t, yaml)
+	errc := make(chan error, 1)
+	go func() {
+		_, err := f.call(context.Background(), "block")
+		errc <- err
+	}()
+	<-e.entered
+	if err := f.g.Apply(context.Background(), f.gov.Load(t, strings.Replace(yaml, "127.0.0.1:0", "localhost:0", 1))); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+	defer cancel()
+	_ = f.g.Shutdown(ctx)
+	select {
+	case err := <-errc:
+		if err == nil {
+			t.Fatal("the blocked call succeeded")
+		}
+	case <-time.After(10 * time.Second): // a failure bound
+		close(e.release)
+		<-errc
+		t.Fatal("Shutdown returned with a call still running on the old listener")
+	}
+}

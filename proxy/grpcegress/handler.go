@@ -21,6 +21,7 @@ import (
 const (
 	codeOK                = 0
 	codeCancelled         = 1
+	codeInvalidArgument   = 3
 	codeDeadlineExceeded  = 4
 	codePermissionDenied  = 7
 	codeResourceExhausted = 8
@@ -52,13 +53,33 @@ func (g *Grpc) serve(w http.ResponseWriter, r *http.Request) {
 		g.stats.Target(unlistedName).DoneGRPC(codePermissionDenied, start)
 		return
 	}
+	if rt.host == "" && tb.loops(r.Host) {
+		trailersOnly(w, codeInvalidArgument, "call addressed to the grpc egress listener itself ("+r.Host+")", "")
+		rt.Stats.DoneGRPC(codeInvalidArgument, start)
+		return
+	}
 	var adm admit.Admission
 	var tenantKey []byte
 	if tb.caps != nil {
 		tenantKey = []byte(r.Header.Get(tb.tenantHeader))
 	}
+	// The timeout bounds the whole call, waiting in a pool included.
+	ctx := r.Context()
+	if rt.Timeout > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, rt.Timeout)
+		defer cancel()
+	}
 	now := g.opts.Clock.Now()
-	if ref, ok := admit.Admit(r.Context(), &adm, &rt.Target, tb.caps, tenantKey, "grpc", now); !ok {
+	if ref, ok := admit.Admit(ctx, &adm, &rt.Target, tb.caps, tenantKey, "grpc", now); !ok {
+		if errors.Is(ref.Err, context.DeadlineExceeded) {
+			// Warden's own queue: the breaker was told nothing (Admit gave
+			// its ticket back as neutral).
+			rt.Stats.Reject(respond.ControlTimeout, rt.Name)
+			trailersOnly(w, codeDeadlineExceeded, "timeout of "+rt.Name+" passed while waiting in pool "+ref.Scope, respond.ControlTimeout)
+			rt.Stats.DoneGRPC(codeDeadlineExceeded, start)
+			return
+		}
 		rt.Stats.Reject(ref.Control, ref.Scope)
 		code := codeResourceExhausted
 		msg := "refused by " + ref.Control
@@ -76,21 +97,15 @@ func (g *Grpc) serve(w http.ResponseWriter, r *http.Request) {
 		rt.Stats.DoneGRPC(code, start)
 		return
 	}
-	code, outcome := g.forward(w, r, rt)
+	code, outcome := g.forward(ctx, w, r, rt)
 	adm.Ticket.Done(outcome)
 	adm.Release()
 	rt.Stats.DoneGRPC(code, start)
 }
 
-// forward proxies one call and returns its grpc-status and the breaker
-// outcome.
-func (g *Grpc) forward(w http.ResponseWriter, r *http.Request, rt *route) (int, breaker.Outcome) {
-	ctx := r.Context()
-	if rt.Timeout > 0 {
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, rt.Timeout)
-		defer cancel()
-	}
+// forward proxies one call within ctx (the call's, bounded by the
+// target's timeout) and returns its grpc-status and the breaker outcome.
+func (g *Grpc) forward(ctx context.Context, w http.ResponseWriter, r *http.Request, rt *route) (int, breaker.Outcome) {
 	host := rt.host
 	if host == "" {
 		host = r.Host

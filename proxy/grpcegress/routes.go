@@ -26,6 +26,7 @@ type table struct {
 	caps          *tenant.Caps
 	tenantHeader  string
 	transportKeys map[string]bool
+	self          string // the listener's own address, to refuse loops
 }
 
 // route is one target as the gRPC egress uses it.
@@ -50,6 +51,14 @@ func (tb *table) lookup(service string, authority string) *route {
 		}
 	}
 	return tb.unlisted
+}
+
+// loops reports whether a call forwarded to authority would come back to
+// this listener.
+func (tb *table) loops(authority string) bool {
+	var b [300]byte
+	hp, n, ok := httpwire.AppendHostPort(b[:0], []byte(authority), "80")
+	return ok && httpwire.SelfAddressed(tb.self, hp, n)
 }
 
 func (g *Grpc) build(c *governor.Controls) (*table, error) {

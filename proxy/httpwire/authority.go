@@ -162,3 +162,22 @@ func HostKey(entry string) (string, error) {
 	}
 	return string(out), nil
 }
+
+// SelfAddressed reports whether a request for hostport (as AppendHostPort
+// normalised it, its host hostLen bytes long) would come back to the
+// listener bound to self (its "host:port" as net.Listener reports it): the
+// same port, and a loopback, unspecified or identical host. A proxy that
+// forwards to the host a request names refuses such requests rather than
+// loop.
+func SelfAddressed(self string, hostport []byte, hostLen int) bool {
+	selfHost, selfPort, err := net.SplitHostPort(self)
+	if err != nil || hostLen >= len(hostport) || string(hostport[hostLen+1:]) != selfPort {
+		return false
+	}
+	host := bytes.Trim(hostport[:hostLen], "[]")
+	if string(host) == "localhost" || string(host) == selfHost {
+		return true
+	}
+	ip := net.ParseIP(string(host))
+	return ip != nil && (ip.IsLoopback() || ip.IsUnspecified())
+}

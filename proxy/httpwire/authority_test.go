@@ -188,3 +188,32 @@ func TestHostKey(t *testing.T) {
 		t.Error("HostKey accepted a bad host")
 	}
 }
+
+func TestSelfAddressed(t *testing.T) {
+	tests := []struct {
+		self, authority string
+		want            bool
+	}{
+		{"127.0.0.1:15001", "127.0.0.1:15001", true},
+		{"127.0.0.1:15001", "localhost:15001", true},
+		{"127.0.0.1:15001", "127.0.0.2:15001", true},
+		{"127.0.0.1:15001", "[::1]:15001", true},
+		{"127.0.0.1:15001", "0.0.0.0:15001", true},
+		{"10.1.2.3:15001", "10.1.2.3:15001", true},
+		{"[::]:15001", "[::]:15001", true},
+		{"127.0.0.1:15001", "127.0.0.1:15002", false},
+		{"127.0.0.1:15001", "127.0.0.1", false}, // port 80
+		{"10.1.2.3:15001", "10.1.2.4:15001", false},
+		{"127.0.0.1:15001", "api.test:15001", false},
+		{"not an address", "127.0.0.1:15001", false},
+	}
+	for _, tc := range tests {
+		hp, n, ok := AppendHostPort(nil, []byte(tc.authority), "80")
+		if !ok {
+			t.Fatalf("AppendHostPort(%q) refused", tc.authority)
+		}
+		if got := SelfAddressed(tc.self, hp, n); got != tc.want {
+			t.Errorf("SelfAddressed(%q, %q) = %v, want %v", tc.self, hp, got, tc.want)
+		}
+	}
+}

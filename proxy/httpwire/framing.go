@@ -40,8 +40,8 @@ const (
 	HasUpgrade
 	HasExpect
 	HasRequestID
-	HasIdempotencyKey
-	HasWant // the header the caller asked for
+	HasIdempotencyKey // with a non-empty value
+	HasWant           // the header the caller asked for
 
 	hopByHop = HasConnection | HasKeepAlive | HasProxy | HasTE | HasTrailer | HasUpgrade | HasExpect
 )
@@ -171,6 +171,9 @@ func classify(name, value []byte, seen Fields) (Fields, error) {
 		}
 	case 15:
 		if equalFold(name, "idempotency-key") {
+			if len(value) == 0 {
+				return 0, nil // no key: nothing makes a retry safe
+			}
 			return HasIdempotencyKey, nil
 		}
 	case 17:
