@@ -327,6 +327,10 @@ func (b *Breaker) allowSlow() (Ticket, time.Duration, bool) {
 	}
 }
 
+// Probe reports whether the ticket is the half-open probe: while it is out
+// every other caller fails fast, so its holder must not sit in a queue.
+func (t Ticket) Probe() bool { return t.b != nil && t.word&phMask != phClosed }
+
 // Done reports the outcome of the request the ticket admitted. Results of
 // tickets issued before the latest state change are ignored.
 func (t Ticket) Done(o Outcome) {

@@ -42,6 +42,10 @@ type Refusal struct {
 	Err error
 }
 
+// ByTenantCap reports whether the tenant cap refused (its control is
+// tenant_rate, or upstream when a fail_closed shared backend is down).
+func (r Refusal) ByTenantCap() bool { return r.Tenant.Tenant != nil }
+
 // Admission is what an admitted request holds until its response
 // completes. The zero value holds nothing.
 type Admission struct {
@@ -58,7 +62,7 @@ type Admission struct {
 func Admit(ctx context.Context, a *Admission, t *Target, caps *tenant.Caps, tenantKey []byte, listener string, now time.Time) (Refusal, bool) {
 	if caps != nil {
 		if r := caps.Check(tenantKey, now); !r.Allowed {
-			return Refusal{Control: tenant.Control, Scope: listener, Tenant: r, RetryAfter: r.ResetIn(now)}, false
+			return Refusal{Control: r.Control(), Scope: listener, Tenant: r, RetryAfter: time.Duration(r.RetryAfter(now)) * time.Second}, false
 		}
 	}
 	ticket, retryAfter, ok := t.Breaker.Allow()
@@ -66,8 +70,23 @@ func Admit(ctx context.Context, a *Admission, t *Target, caps *tenant.Caps, tena
 		return Refusal{Control: "circuit_breaker", Scope: t.Name, RetryAfter: retryAfter}, false
 	}
 	a.Ticket = ticket
+	probe := ticket.Probe()
 	for _, p := range t.Pools {
-		l, err := p.Acquire(ctx, 0, now)
+		var l pool.Lease
+		var err error
+		if probe {
+			// The half-open probe does not queue: while it is out every
+			// other request fails fast, so waiting up to max_wait with it
+			// would keep the breaker shut for that long. It goes now or
+			// gives the probe back.
+			var control string
+			var ok bool
+			if l, control, ok = p.TryAcquire(now); !ok {
+				err = &pool.Rejection{Pool: p.ID(), Control: control}
+			}
+		} else {
+			l, err = p.Acquire(ctx, 0, now)
+		}
 		if err != nil {
 			a.Ticket.Done(breaker.Neutral)
 			a.Ticket = breaker.Ticket{}

@@ -79,3 +79,32 @@ func TestHalfOpenProbeGivenBackOnPoolRefusal(t *testing.T) {
 		t.Fatal("the half-open probe slot was not given back")
 	}
 }
+
+// The half-open probe never waits in a pool queue: while it is out every
+// other request fails fast, so a queued probe would keep the breaker shut
+// for up to max_wait.
+func TestHalfOpenProbeDoesNotQueue(t *testing.T) {
+	clk := clock.NewFake(t0)
+	counter := window.NewMemory(clk)
+	pools := pool.NewSet([]policy.Pool{{Name: "full", Concurrency: 1, Queue: 10, MaxWait: time.Hour}}, counter, clk, nil)
+	b := breaker.New("api", policy.CircuitBreaker{Enabled: true, FailureRatio: 0.5, MinimumRequests: 1, Window: time.Minute, Open: 5 * time.Second, MaxOpen: time.Minute}, clk)
+	tk, _, _ := b.Allow()
+	tk.Done(breaker.Failure)
+	clk.Advance(5 * time.Second)
+	occupant, _ := pools.Get("full").Acquire(context.Background(), 0, clk.Now())
+	defer occupant.Release()
+	tg := &Target{Name: "api", Breaker: b, Pools: []*pool.Pool{pools.Get("full")}}
+	var a Admission
+	// With a queue of 10 and max_wait of an hour a closed-breaker request
+	// would wait; the probe is refused at once, naming the gate.
+	ref, ok := Admit(context.Background(), &a, tg, nil, nil, "egress", clk.Now())
+	if ok || ref.Control != pool.ControlConcurrency {
+		t.Fatalf("probe through a full pool: %+v ok=%v, want an immediate pool_concurrency refusal", ref, ok)
+	}
+	if b.State() != breaker.HalfOpen {
+		t.Fatalf("breaker %v after the probe was given back", b.State())
+	}
+	if s := pools.Get("full").Snapshot(clk.Now()); s.Queued != 0 {
+		t.Fatalf("probe queued: %+v", s)
+	}
+}

@@ -9,7 +9,6 @@ import (
 	"github.com/valyala/fasthttp"
 
 	"github.com/warden-dev/warden/connpool"
-	"github.com/warden-dev/warden/governor/tenant"
 	"github.com/warden-dev/warden/proxy/admit"
 	"github.com/warden-dev/warden/proxy/httpwire"
 	"github.com/warden-dev/warden/proxy/respond"
@@ -154,7 +153,7 @@ func (e *Egress) refuseAdmission(ctx *fasthttp.RequestCtx, r *route, ref admit.R
 	}
 	r.Stats.Reject(ref.Control, ref.Scope)
 	switch {
-	case ref.Control == tenant.Control:
+	case ref.ByTenantCap():
 		respond.Tenant(ctx, ref.Tenant, now)
 		return fasthttp.StatusTooManyRequests
 	case ref.Control == respond.ControlBreaker:

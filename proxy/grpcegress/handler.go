@@ -12,7 +12,6 @@ import (
 	"time"
 
 	"github.com/warden-dev/warden/governor/breaker"
-	"github.com/warden-dev/warden/governor/tenant"
 	"github.com/warden-dev/warden/proxy/admit"
 	"github.com/warden-dev/warden/proxy/respond"
 )
@@ -87,7 +86,7 @@ func (g *Grpc) serve(w http.ResponseWriter, r *http.Request) {
 		case ref.Control == respond.ControlBreaker:
 			code = codeUnavailable
 			msg = "circuit breaker of " + rt.Name + " is open; retry after " + strconv.Itoa(breaker.RetryAfterSeconds(ref.RetryAfter)) + "s"
-		case ref.Control == tenant.Control:
+		case ref.ByTenantCap():
 			msg = "tenant cap " + ref.Tenant.Quota() + " reached; retry after " + strconv.Itoa(ref.Tenant.RetryAfter(now)) + "s"
 		case ref.Err != nil:
 			code = codeUnavailable

@@ -9,7 +9,6 @@ import (
 	"github.com/valyala/fasthttp"
 
 	"github.com/warden-dev/warden/connpool"
-	"github.com/warden-dev/warden/governor/tenant"
 	"github.com/warden-dev/warden/proxy/forward"
 	"github.com/warden-dev/warden/proxy/httpwire"
 	"github.com/warden-dev/warden/proxy/respond"
@@ -41,7 +40,7 @@ func (g *Ingress) serve(ctx *fasthttp.RequestCtx) {
 		now := g.now(ctx)
 		if res := rt.caps.Check(scan.Want, now); !res.Allowed {
 			respond.Tenant(ctx, res, now)
-			g.stats.Reject(tenant.Control, "ingress")
+			g.stats.Reject(res.Control(), "ingress")
 			rt.target.Done(fasthttp.StatusTooManyRequests, ctx.Time())
 			return
 		}

@@ -15,7 +15,11 @@ import (
 	"github.com/valyala/fasthttp"
 	"go.uber.org/goleak"
 
+	"github.com/warden-dev/warden/governor"
+	"github.com/warden-dev/warden/governor/backend/redisx"
 	"github.com/warden-dev/warden/governor/clock"
+	"github.com/warden-dev/warden/governor/metrics"
+	"github.com/warden-dev/warden/governor/window"
 	"github.com/warden-dev/warden/internal/fasttest"
 )
 
@@ -44,8 +48,6 @@ func start(t *testing.T, tenant string, h fasthttp.RequestHandler) *fixture {
 	t.Helper()
 	f := &fixture{clk: clock.NewFake(t0)}
 	f.worker = fasttest.StartUpstream(t, h)
-	var c = (*fasttest.Governor)(nil)
-	_ = c
 	gov, ctl := fasttest.NewGovernor(t, f.clk, policyFor(f.worker.Addr, tenant))
 	f.gov = gov
 	f.in = New(Options{Clock: f.clk, Metrics: gov.Metrics})
@@ -203,6 +205,42 @@ func TestTenantCap(t *testing.T) {
 	}
 	if n := fasttest.Value(f.gov.Metrics.Rejections.WithLabelValues("tenant_rate", "ingress")); n != 3 {
 		t.Errorf("warden_rejections_total{tenant_rate,ingress} = %v, want 3", n)
+	}
+}
+
+// A fail_closed shared backend that is down refuses with control upstream
+// (SPEC §9), in the header, the body and the metric label alike.
+func TestBackendDownRefusesWithUpstream(t *testing.T) {
+	clk := clock.NewFake(t0)
+	worker := fasttest.StartUpstream(t, func(ctx *fasthttp.RequestCtx) {})
+	// Port 1 on loopback refuses connections: a real unreachable Redis.
+	down, err := window.NewRedis(window.RedisConfig{Config: redisx.Config{URL: "redis://127.0.0.1:1/0", FailClosed: true}}, clk, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer down.Close()
+	m := metrics.New()
+	g := &fasttest.Governor{Governor: governor.New(clk, m, down), Metrics: m}
+	ctl := g.Load(t, policyFor(worker.Addr, "  tenant: { header: x-tenant-id, rate: 3, window: 1 }"))
+	in := New(Options{Clock: clk, Metrics: m})
+	if err := in.Apply(context.Background(), ctl); err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		in.Shutdown(ctx)
+	}()
+	f := &fixture{in: in, gov: g, worker: worker, addr: in.Addr(), clk: clk}
+	resp, body := f.get(t, "/", map[string]string{"X-Tenant-Id": "acme"})
+	if resp.StatusCode != 429 || resp.Header.Get("X-Warden-Control") != "upstream" || !strings.Contains(body, `"control":"upstream"`) {
+		t.Fatalf("backend down: %d control %q body %s", resp.StatusCode, resp.Header.Get("X-Warden-Control"), body)
+	}
+	if n := fasttest.Value(m.Rejections.WithLabelValues("upstream", "ingress")); n != 1 {
+		t.Fatalf("warden_rejections_total{upstream,ingress} = %v, want 1", n)
+	}
+	if n := worker.Requests.Load(); n != 0 {
+		t.Fatalf("worker saw %d requests while the backend was down", n)
 	}
 }
 

@@ -47,8 +47,9 @@ func setInt(h *fasthttp.ResponseHeader, key string, v int64) {
 // Tenant writes SPEC §4's tenant 429: Retry-After, RateLimit-Limit,
 // RateLimit-Remaining, RateLimit-Reset, x-warden-control: tenant_rate and
 // {"control":"tenant_rate","quota":...,"limit":...,"current":...,"retryAfterSeconds":...}.
+// When a fail_closed shared backend is down the control is upstream.
 func Tenant(ctx *fasthttp.RequestCtx, r tenant.Result, now time.Time) {
-	begin(ctx, fasthttp.StatusTooManyRequests, tenant.Control)
+	begin(ctx, fasthttp.StatusTooManyRequests, r.Control())
 	h := &ctx.Response.Header
 	secs := int64(r.RetryAfter(now))
 	setInt(h, fasthttp.HeaderRetryAfter, secs)
