@@ -132,6 +132,11 @@ func encode(batch []*Op, args []any) []any {
 	for _, op := range batch {
 		for i := range op.gates {
 			g := &op.gates[i]
+			if g.Kind == GateLease {
+				args = append(args, &g.Key)
+				nkeys++
+				continue
+			}
 			args = append(args, &g.Key, &g.Index)
 			nkeys += 2
 		}
@@ -146,6 +151,10 @@ func encode(batch []*Op, args []any) []any {
 		args = append(args, n)
 		for i := range op.gates {
 			g := &op.gates[i]
+			if g.Kind == GateLease {
+				args = append(args, "l", g.Limit, g.NowMillis, g.ExpiryMillis, &g.Member, g.TTLMillis)
+				continue
+			}
 			args = append(args, "w", g.Limit, g.N, g.TTLMillis, &g.Member)
 		}
 	}
