@@ -1,0 +1,205 @@
+package pool
+
+import (
+	"context"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/warden-dev/warden/governor/backend/redisx"
+	"github.com/warden-dev/warden/governor/backend/redisx/redistest"
+	"github.com/warden-dev/warden/governor/clock"
+	"github.com/warden-dev/warden/governor/window"
+	"github.com/warden-dev/warden/internal/testenv"
+	"github.com/warden-dev/warden/policy"
+)
+
+// sidecar is one process's view of a shared pool: its own Redis client
+// (its own batcher, renewals, holder names) on the common Redis and prefix.
+func sidecar(t *testing.T, url, prefix string, clk clock.Clock, failClosed bool, cfg policy.Pool) (*Pool, *window.Redis) {
+	t.Helper()
+	r, err := window.NewRedis(window.RedisConfig{Config: redisx.Config{URL: url, FailClosed: failClosed,
+		DialTimeout: 5 * time.Second, ReadTimeout: 5 * time.Second, WriteTimeout: 5 * time.Second}, Prefix: prefix}, clk, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { r.Close() })
+	return NewSet([]policy.Pool{cfg}, r, clk, nil).Get(cfg.Name), r
+}
+
+// nearNow is a fake-clock start in the real present, 10 s into a minute:
+// lease scores and window expiries computed from it are meaningful to
+// Redis, and a test's minute never ends while it runs.
+func nearNow() time.Time { return time.Now().Truncate(time.Minute).Add(10 * time.Second) }
+
+// Three sidecars with a pool of concurrency 4, under parallel load with
+// waiting: never more than 4 in flight across all three, and every caller
+// is eventually admitted (slots freed on one sidecar reach waiters on the
+// others).
+func TestSharedConcurrencyAcrossSidecars(t *testing.T) {
+	url := testenv.RedisURL(t)
+	prefix := redistest.Prefix(t, url)
+	cfg := policy.Pool{Name: "p", Concurrency: 4, Queue: 100, MaxWait: 30 * time.Second}
+	var inFlight, peak, done atomic.Int64
+	var wg sync.WaitGroup
+	for range 3 {
+		p, _ := sidecar(t, url, prefix, clock.Real{}, false, cfg)
+		for range 8 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for range 3 {
+					l, err := p.Acquire(context.Background(), 0, time.Now())
+					if err != nil {
+						t.Error(err)
+						return
+					}
+					n := inFlight.Add(1)
+					for old := peak.Load(); n > old && !peak.CompareAndSwap(old, n); old = peak.Load() {
+					}
+					time.Sleep(2 * time.Millisecond) // the work the slot is held for
+					inFlight.Add(-1)
+					l.Release()
+					done.Add(1)
+				}
+			}()
+		}
+	}
+	wg.Wait()
+	if peak.Load() > 4 {
+		t.Fatalf("%d in flight at once across three sidecars, want ≤ 4", peak.Load())
+	}
+	if done.Load() != 3*8*3 {
+		t.Fatalf("%d admissions completed, want %d", done.Load(), 3*8*3)
+	}
+}
+
+// A sidecar dies holding every slot (its client stops without releasing
+// or renewing): the others are refused until the leases expire, then the
+// slots return by themselves, with no release from the dead holder.
+func TestSharedDeadHolderSlotsReturnAfterLease(t *testing.T) {
+	url := testenv.RedisURL(t)
+	prefix := redistest.Prefix(t, url)
+	clk := clock.NewFake(nearNow())
+	cfg := policy.Pool{Name: "p", Concurrency: 2, Rate: 100, Window: 60}
+	dead, deadRedis := sidecar(t, url, prefix, clk, false, cfg)
+	for range 2 {
+		if _, _, ok := dead.TryAcquire(clk.Now()); !ok {
+			t.Fatal("the first sidecar could not take its slots")
+		}
+	}
+	deadRedis.Close() // dies: no release, no more renewals
+
+	live, _ := sidecar(t, url, prefix, clk, false, cfg)
+	if _, control, ok := live.TryAcquire(clk.Now()); ok || control != ControlConcurrency {
+		t.Fatalf("slots of a holder inside its lease: ok=%v control=%s", ok, control)
+	}
+	clk.Advance(redisx.DefaultLeaseTTL - time.Millisecond)
+	if _, _, ok := live.TryAcquire(clk.Now()); ok {
+		t.Fatal("a slot returned before its lease ended")
+	}
+	clk.Advance(time.Millisecond)
+	l, control, ok := live.TryAcquire(clk.Now())
+	if !ok {
+		t.Fatalf("the dead holder's slot did not return after its lease: %s", control)
+	}
+	if snap := live.Snapshot(clk.Now()); snap.InFlight != 1 || snap.Count != 3 {
+		t.Fatalf("snapshot %+v: want 1 shared lease in flight and 3 rate slots taken", snap)
+	}
+	l.Release()
+}
+
+// A slot released on one sidecar reaches a waiter queued on another (by
+// the retry tick: no message crosses between them).
+func TestSharedWaiterGetsRemoteSlot(t *testing.T) {
+	url := testenv.RedisURL(t)
+	prefix := redistest.Prefix(t, url)
+	cfg := policy.Pool{Name: "p", Concurrency: 1, Queue: 10, MaxWait: 20 * time.Second}
+	a, _ := sidecar(t, url, prefix, clock.Real{}, false, cfg)
+	b, _ := sidecar(t, url, prefix, clock.Real{}, false, cfg)
+	held, err := a.Acquire(context.Background(), 0, time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := make(chan error, 1)
+	go func() {
+		l, err := b.Acquire(context.Background(), 0, time.Now())
+		if err == nil {
+			l.Release()
+		}
+		got <- err
+	}()
+	waitQueued(t, b, 1)
+	select {
+	case err := <-got:
+		t.Fatalf("admitted while the other sidecar held the only slot: %v", err)
+	default:
+	}
+	held.Release()
+	if err := <-got; err != nil {
+		t.Fatal(err)
+	}
+}
+
+// Redis stops under a shared pool and comes back. fail_open: this
+// sidecar's own concurrency count takes over (the limit still holds
+// locally); fail_closed: refusals name upstream. Both go back to the
+// shared set without a restart.
+func TestSharedConcurrencyOutage(t *testing.T) {
+	for _, failClosed := range []bool{false, true} {
+		name := map[bool]string{false: "fail_open", true: "fail_closed"}[failClosed]
+		t.Run(name, func(t *testing.T) {
+			srv := redistest.StartServer(t)
+			p, r := sidecar(t, srv.URL, "", clock.Real{}, failClosed, policy.Pool{Name: "p", Concurrency: 1})
+			l, _, ok := p.TryAcquire(time.Now())
+			if !ok {
+				t.Fatal("refused with Redis up")
+			}
+			l.Release()
+
+			srv.Stop()
+			cli := r.Client()
+			for i := 0; !cli.Down(); i++ {
+				if i == 3 {
+					t.Fatal("three failed admissions did not open the breaker")
+				}
+				if l, _, ok := p.TryAcquire(time.Now()); ok {
+					l.Release()
+				}
+			}
+			l, control, ok := p.TryAcquire(time.Now())
+			if failClosed {
+				if ok || control != ControlUpstream {
+					t.Fatalf("fail_closed during the outage: ok=%v control=%s", ok, control)
+				}
+			} else {
+				if !ok {
+					t.Fatalf("fail_open refused on local concurrency: %s", control)
+				}
+				if _, control, ok := p.TryAcquire(time.Now()); ok || control != ControlConcurrency {
+					t.Fatalf("local concurrency of 1 admitted a second: ok=%v control=%s", ok, control)
+				}
+				l.Release()
+			}
+
+			srv.Start()
+			deadline := time.After(20 * time.Second)
+			for cli.Down() {
+				select {
+				case <-cli.Changed():
+				case <-deadline:
+					t.Fatal("the backend never came back")
+				}
+			}
+			l, control, ok = p.TryAcquire(time.Now())
+			if !ok {
+				t.Fatalf("refused after recovery: %s", control)
+			}
+			if n, ok := r.LeaseHolders(leaseKind, p.ID(), time.Now()); !ok || n != 1 {
+				t.Fatalf("after recovery the lease is not in Redis: %d %v", n, ok)
+			}
+			l.Release()
+		})
+	}
+}
