@@ -11,9 +11,13 @@ import (
 	"testing"
 
 	"go.uber.org/goleak"
+
+	"github.com/warden-dev/warden/internal/fasttest"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+// fasthttp's process-wide helpers (the server date ticker, the egress
+// client's cleaners) outlive the wardens that started them.
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m, fasttest.LeakOptions()...) }
 
 func writePolicy(t *testing.T, path, body string) {
 	t.Helper()

@@ -118,9 +118,22 @@ func (b *batcher) send(batch []*Op, args []any) []any {
 
 func finish(batch []*Op, err error) {
 	for _, op := range batch {
-		op.err = err
-		op.done <- struct{}{}
+		complete(op, err)
 	}
+}
+
+// complete hands op its outcome: to the goroutine waiting in Admit, or,
+// for an asynchronous op, to its after func (which must not block: it
+// runs in the sender).
+func complete(op *Op, err error) {
+	if op.after != nil {
+		after := op.after
+		PutOp(op)
+		after()
+		return
+	}
+	op.err = err
+	op.done <- struct{}{}
 }
 
 // encode builds [_, _, numkeys, KEYS..., ARGV...] for admitScript. Strings
@@ -132,7 +145,7 @@ func encode(batch []*Op, args []any) []any {
 	for _, op := range batch {
 		for i := range op.gates {
 			g := &op.gates[i]
-			if g.Kind == GateLease {
+			if g.Kind != GateWindow {
 				args = append(args, &g.Key)
 				nkeys++
 				continue
@@ -151,8 +164,12 @@ func encode(batch []*Op, args []any) []any {
 		args = append(args, n)
 		for i := range op.gates {
 			g := &op.gates[i]
-			if g.Kind == GateLease {
+			switch g.Kind {
+			case GateLease:
 				args = append(args, "l", g.Limit, g.NowMillis, g.ExpiryMillis, &g.Member, g.TTLMillis)
+				continue
+			case GateRelease:
+				args = append(args, "r", &g.Member)
 				continue
 			}
 			args = append(args, "w", g.Limit, g.N, g.TTLMillis, &g.Member)
@@ -182,8 +199,7 @@ func (b *batcher) drain(err error) {
 	for {
 		select {
 		case op := <-b.ops:
-			op.err = err
-			op.done <- struct{}{}
+			complete(op, err)
 		default:
 			return
 		}

@@ -145,10 +145,9 @@ func Open(cfg Config, clk clock.Clock, m *metrics.Metrics, log *slog.Logger) (*C
 	if err := c.ping(); err != nil {
 		c.h.trip(err)
 	}
-	c.wg.Add(3 + cfg.Senders)
+	c.wg.Add(2 + cfg.Senders)
 	go c.h.probeLoop()
 	go c.renewer()
-	go c.releaser()
 	for range cfg.Senders {
 		go c.b.sender()
 	}
@@ -156,7 +155,7 @@ func Open(cfg Config, clk clock.Clock, m *metrics.Metrics, log *slog.Logger) (*C
 }
 
 // Close stops the senders, the probe and the lease renewals; admissions
-// still queued get ErrClosed, releases already queued are sent. Leases
+// still queued get ErrClosed, releases still queued are dropped. Leases
 // still held are not released: their holders may still be running, and
 // the leases expire by themselves after LeaseTTL. It waits for in-flight
 // batches.

@@ -17,38 +17,28 @@ import (
 // fail or stall before a live holder loses its slot.
 const DefaultLeaseTTL = 30 * time.Second
 
-// leaseChunk bounds the leases one renewal or release script touches, so
+// leaseChunk bounds the leases one renewal script touches, so
 // that a sidecar holding thousands never blocks Redis for long.
 const leaseChunk = 512
 
 // leaseRef names one held lease: its set and its holder.
 type leaseRef struct{ key, holder string }
 
-// pendingRelease is a release waiting for the next batch.
-type pendingRelease struct {
-	ref  leaseRef
-	done func()
-}
-
-// leases keeps the leases this client took alive and gives them back.
-// Every held lease is renewed by one script call per RenewEvery (per chunk
-// of leaseChunk), not one call per lease; releases are batched the same
-// way as admissions: a single goroutine sends every release queued while
-// the previous batch was on the wire.
+// leases keeps the leases this client took alive. Every held lease is
+// renewed by one script call per RenewEvery (per chunk of leaseChunk), not
+// one call per lease; releases travel in the admission batches.
 type leases struct {
 	id  string // this client's holder prefix, random per process
 	seq uint64
 
-	mu      sync.Mutex
-	held    map[leaseRef]struct{}
-	pending []pendingRelease
-	wake    chan struct{}
+	mu   sync.Mutex
+	held map[leaseRef]struct{}
 }
 
 func newLeases() *leases {
 	var b [6]byte
 	_, _ = rand.Read(b[:])
-	return &leases{id: hex.EncodeToString(b[:]), held: map[leaseRef]struct{}{}, wake: make(chan struct{}, 1)}
+	return &leases{id: hex.EncodeToString(b[:]), held: map[leaseRef]struct{}{}}
 }
 
 // LeaseTTL is the lease duration of this client.
@@ -80,78 +70,39 @@ func (c *Client) Held() int {
 	return len(c.l.held)
 }
 
-// Release stops renewing the lease and removes it from its set in the next
-// release batch; done (may be nil) runs once Redis applied it or the
-// release failed (the lease then expires by itself). It never blocks on
-// Redis. Releasing twice is harmless.
+// Release stops renewing the lease and removes it from its set. The
+// removal is an op of its own in the admission batcher, queued without
+// waiting: it never blocks on Redis, yet an admission this process makes
+// after Release returns is queued behind it, so it sees the slot free (a
+// caller that runs requests one after another through a pool of
+// concurrency 1 is never refused by its own previous request). done (may
+// be nil) runs once Redis applied the removal or it failed (the lease then
+// expires by itself); it runs in the batch sender and must not block.
+// Releasing twice is harmless.
 func (c *Client) Release(key, holder string, done func()) {
-	c.mu.RLock()
-	closed := c.closed
 	c.l.mu.Lock()
 	delete(c.l.held, leaseRef{key, holder})
-	if !closed {
-		c.l.pending = append(c.l.pending, pendingRelease{leaseRef{key, holder}, done})
-	}
 	c.l.mu.Unlock()
+	if done == nil {
+		done = func() {}
+	}
+	if c.h.isDown() {
+		// Not sent: the lease expires there after LeaseTTL.
+		done()
+		return
+	}
+	op := GetOp()
+	op.gates = append(op.gates, Gate{Kind: GateRelease, Key: key, Member: holder})
+	op.after = done
+	c.mu.RLock()
+	if c.closed {
+		c.mu.RUnlock()
+		PutOp(op)
+		done()
+		return
+	}
+	c.b.ops <- op
 	c.mu.RUnlock()
-	if closed {
-		// The client is gone (a reload moved to another Redis): the lease
-		// expires there by itself.
-		if done != nil {
-			done()
-		}
-		return
-	}
-	select {
-	case c.l.wake <- struct{}{}:
-	default:
-	}
-}
-
-// releaser sends the queued releases, one script call per batch.
-func (c *Client) releaser() {
-	defer c.wg.Done()
-	for {
-		select {
-		case <-c.l.wake:
-		case <-c.done:
-			c.flushReleases()
-			return
-		}
-		c.flushReleases()
-	}
-}
-
-func (c *Client) flushReleases() {
-	c.l.mu.Lock()
-	batch := c.l.pending
-	c.l.pending = nil
-	c.l.mu.Unlock()
-	if len(batch) == 0 {
-		return
-	}
-	if !c.h.isDown() {
-		for start := 0; start < len(batch); start += leaseChunk {
-			chunk := batch[start:min(start+leaseChunk, len(batch))]
-			args := make([]any, 3, 3+2*len(chunk))
-			args[2] = len(chunk)
-			for _, r := range chunk {
-				args = append(args, r.ref.key)
-			}
-			for _, r := range chunk {
-				args = append(args, r.ref.holder)
-			}
-			t := time.Now()
-			err := releaseScript.run(context.Background(), c.rdb, args).Err()
-			c.observe("release", t, err)
-		}
-	}
-	// Down or failed: the leases expire by themselves after LeaseTTL.
-	for _, r := range batch {
-		if r.done != nil {
-			r.done()
-		}
-	}
 }
 
 // renewer extends every held lease each RenewEvery.

@@ -88,6 +88,14 @@ function gates.l.peek(k, a)
   local c = redis.call('ZCOUNT', KEYS[k], '(' .. ARGV[a + 1], '+inf')
   return c < tonumber(ARGV[a]), c
 end
+
+-- r: give a lease back. KEYS: the set. ARGV: holder. Always admits (value:
+-- 1 if the holder was there); travels alone in its op, so never undone.
+-- Releasing twice, or after the lease expired, removes nothing.
+gates.r = {keys = 1, args = 1}
+function gates.r.apply(k, a) return true, redis.call('ZREM', KEYS[k], ARGV[a]) end
+function gates.r.undo(k, a, v) return v end
+function gates.r.peek(k, a) return true, 0 end
 `
 
 // admitBody runs a batch of admissions. ARGV[1] is the number of
@@ -158,18 +166,6 @@ end
 return lost
 `
 
-// releaseBody removes holders from their lease sets. KEYS: one set per
-// lease. ARGV: one holder per key. Removing a holder that is not there
-// (released twice, already expired) does nothing. Reply: how many were
-// removed.
-const releaseBody = `
-local n = 0
-for i = 1, #KEYS do
-  n = n + redis.call('ZREM', KEYS[i], ARGV[i])
-end
-return n
-`
-
 // Script is a Lua script run with EVALSHA, falling back to EVAL when the
 // server does not have it cached (first use, restart, SCRIPT FLUSH).
 type Script struct {
@@ -184,10 +180,9 @@ func NewScript(body string) *Script {
 }
 
 var (
-	admitScript   = NewScript(admitBody)
-	refundScript  = NewScript(refundBody)
-	renewScript   = NewScript(renewBody)
-	releaseScript = NewScript(releaseBody)
+	admitScript  = NewScript(admitBody)
+	refundScript = NewScript(refundBody)
+	renewScript  = NewScript(renewBody)
 )
 
 // run executes the script; args is the whole command with its first two

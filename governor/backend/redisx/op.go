@@ -18,6 +18,9 @@ const (
 	// holders remain after sweeping the expired ones; commits by adding
 	// the holder with its expiry.
 	GateLease GateKind = 'l'
+	// GateRelease removes a holder from a lease set; it always admits.
+	// It travels in an op of its own (Client.Release), never undone.
+	GateRelease GateKind = 'r'
 )
 
 // Gate is one check of an admission.
@@ -44,6 +47,9 @@ type Op struct {
 	res       []int64
 	err       error
 	done      chan struct{}
+	// after, when set, makes the op asynchronous: nobody waits on done;
+	// the sender runs after once the batch is back and recycles the op.
+	after func()
 }
 
 var opPool = sync.Pool{New: func() any { return &Op{done: make(chan struct{}, 1)} }}
@@ -55,7 +61,7 @@ func GetOp() *Op { return opPool.Get().(*Op) }
 func PutOp(o *Op) {
 	clear(o.gates)
 	o.gates, o.res = o.gates[:0], o.res[:0]
-	o.checkOnly, o.err = false, nil
+	o.checkOnly, o.err, o.after = false, nil, nil
 	opPool.Put(o)
 }
 
