@@ -165,3 +165,37 @@ func TestLeaseGate(t *testing.T) {
 func redisZ(expiry time.Time, member string) redis.Z {
 	return redis.Z{Score: float64(expiry.UnixMilli()), Member: member}
 }
+
+// The client renews what it holds by itself, every RenewEvery of its
+// clock, pushing each lease a whole LeaseTTL past that moment.
+func TestLeasesRenewedEveryThirdOfTheLease(t *testing.T) {
+	url := testenv.RedisURL(t)
+	rdb := redistest.Client(t, url)
+	set := redistest.Prefix(t, url) + "lease"
+	clk := clock.NewFake(time.Now().Truncate(time.Second))
+	const ttl = 30 * time.Second
+	c := openAt(t, url, clk, ttl)
+	h := c.NewHolder()
+	if _, ok := admitLease(t, c, set, h, 1, clk.Now(), "", 0); !ok {
+		t.Fatal("not admitted")
+	}
+	c.Hold(set, h)
+	want := float64(clk.Now().Add(ttl / 3).Add(ttl).UnixMilli())
+	armed := clk.TimerArmed()
+	clk.Advance(ttl / 3)
+	// The renewal runs in the client's goroutine: wait for it to re-arm
+	// its timer, which it does once the renewal call returned.
+	select {
+	case <-armed:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the renewer never ran")
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for rdb.ZScore(context.Background(), set, h).Val() != want {
+		if time.Now().After(deadline) {
+			t.Fatalf("lease expiry %v, want %v after one renewal period", rdb.ZScore(context.Background(), set, h).Val(), want)
+		}
+		time.Sleep(5 * time.Millisecond) // Redis has no event to wait on
+	}
+	c.Release(set, h, nil)
+}
