@@ -177,22 +177,42 @@ func (p *Pool) Acquire(ctx context.Context, priority int, now time.Time) (Lease,
 			return l, nil
 		}
 		if control == ControlUpstream {
-			// Waiting cannot help while the backend is down.
 			p.mu.Unlock()
-			return Lease{}, &Rejection{Pool: p.id, Control: ControlUpstream, RetryAfter: time.Second}
+			return Lease{}, p.upstreamDown()
 		}
 	}
-	if p.cfg.Queue <= 0 || len(p.waiters) >= p.cfg.Queue {
+	w := p.enqueueLocked(priority)
+	if w == nil {
 		p.mu.Unlock()
-		return Lease{}, &Rejection{Pool: p.id, Control: ControlQueue, RetryAfter: p.retryAfter(now)}
+		return Lease{}, p.queueFull(now)
+	}
+	p.armLocked(now)
+	p.mu.Unlock()
+	return p.wait(ctx, w, now)
+}
+
+// upstreamDown is the refusal while the shared backend is down and
+// on_error is fail_closed: waiting cannot help, so nobody queues.
+func (p *Pool) upstreamDown() error {
+	return &Rejection{Pool: p.id, Control: ControlUpstream, RetryAfter: time.Second}
+}
+
+// enqueueLocked queues a waiter of priority; nil when the queue is full.
+func (p *Pool) enqueueLocked(priority int) *waiter {
+	if p.cfg.Queue <= 0 || len(p.waiters) >= p.cfg.Queue {
+		return nil
 	}
 	w := &waiter{priority: priority, seq: p.seq, ready: make(chan struct{})}
 	p.seq++
 	heap.Push(&p.waiters, w)
 	p.setQueued()
-	p.armLocked(now)
-	p.mu.Unlock()
-	return p.wait(ctx, w, now)
+	return w
+}
+
+// queueFull is the refusal of a caller the queue has no room for; p.mu
+// must not be held.
+func (p *Pool) queueFull(now time.Time) error {
+	return &Rejection{Pool: p.id, Control: ControlQueue, RetryAfter: p.retryAfter(now)}
 }
 
 // wait blocks until w is granted, max_wait passes or ctx ends.
@@ -371,6 +391,12 @@ func (p *Pool) dispatch() {
 	}
 	p.setQueued()
 	p.armLocked(now)
+	p.unlockAndNotify()
+}
+
+// unlockAndNotify releases p.mu and, when no waiter is left to take the
+// capacity that may have freed, tells the OnFree subscribers.
+func (p *Pool) unlockAndNotify() {
 	idle := len(p.waiters) == 0
 	subs := p.onFree
 	p.mu.Unlock()
@@ -391,6 +417,12 @@ func (p *Pool) armLocked(now time.Time) {
 	if !blocked || control != ControlRate {
 		return
 	}
+	p.armWindowLocked(end, now)
+}
+
+// armWindowLocked sets the boundary timer at end (the rate window's end),
+// which dispatches the queue and subscribers then.
+func (p *Pool) armWindowLocked(end, now time.Time) {
 	if p.timer != nil && p.timerAt.Equal(end) {
 		return
 	}

@@ -109,20 +109,16 @@ func (p *Pool) acquireShared(ctx context.Context, priority int, now time.Time) (
 			return l, nil
 		}
 		if control == ControlUpstream {
-			// Waiting cannot help while the backend is down.
-			return Lease{}, &Rejection{Pool: p.id, Control: ControlUpstream, RetryAfter: time.Second}
+			return Lease{}, p.upstreamDown()
 		}
 		p.mu.Lock()
 		p.sh.blocked, tried = control, true
 	}
-	if p.cfg.Queue <= 0 || len(p.waiters) >= p.cfg.Queue {
+	w := p.enqueueLocked(priority)
+	if w == nil {
 		p.mu.Unlock()
-		return Lease{}, &Rejection{Pool: p.id, Control: ControlQueue, RetryAfter: p.retryAfter(now)}
+		return Lease{}, p.queueFull(now)
 	}
-	w := &waiter{priority: priority, seq: p.seq, ready: make(chan struct{})}
-	p.seq++
-	heap.Push(&p.waiters, w)
-	p.setQueued()
 	p.armSharedLocked(now)
 	// A slot that freed between our refusal and our joining the queue
 	// found nobody to wake: serve the queue now rather than at the tick.
@@ -207,17 +203,10 @@ func (p *Pool) dispatchShared() {
 	if refused {
 		p.armSharedLocked(p.clk.Now())
 	}
-	idle := len(p.waiters) == 0
-	subs := p.onFree
-	p.mu.Unlock()
+	p.unlockAndNotify()
 	for _, l := range spare {
 		l.Release()
 		l.Refund()
-	}
-	if idle {
-		for _, f := range subs {
-			f()
-		}
 	}
 }
 
@@ -229,15 +218,7 @@ func (p *Pool) armSharedLocked(now time.Time) {
 		return
 	}
 	if p.sh.blocked == ControlRate && p.sh.blockedEnd.After(now) {
-		end := p.sh.blockedEnd
-		if p.timer != nil && p.timerAt.Equal(end) {
-			return
-		}
-		if p.timer != nil {
-			p.timer.Stop()
-		}
-		p.timerAt = end
-		p.timer = p.clk.AfterFunc(end.Sub(now), p.dispatch)
+		p.armWindowLocked(p.sh.blockedEnd, now)
 		return
 	}
 	if p.sh.tickArmed {

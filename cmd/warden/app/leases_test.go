@@ -175,12 +175,7 @@ func TestPoolConcurrencyOutageThroughTheApp(t *testing.T) {
 				t.Fatalf("with Redis up: %d", code)
 			}
 			srv.Stop()
-			for i := 0; !a.backend.red.Client().Down(); i++ {
-				if i == 3 {
-					t.Fatal("three failed admissions did not open the breaker")
-				}
-				get()
-			}
+			tripBackend(t, a, func() { get() })
 			code, control := get()
 			if onError == "fail_open" && code != 200 {
 				t.Fatalf("fail_open during the outage: %d %s", code, control)
