@@ -3,6 +3,7 @@ package pool
 import (
 	"context"
 	"errors"
+	"os"
 	"runtime"
 	"sync"
 	"sync/atomic"
@@ -17,7 +18,12 @@ import (
 	"github.com/warden-dev/warden/policy"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+func TestMain(m *testing.M) {
+	if spec := os.Getenv(holderEnv); spec != "" {
+		runHolder(spec) // a child process of TestSharedKilledHolderProcess
+	}
+	goleak.VerifyTestMain(m)
+}
 
 var t0 = time.Date(2026, 1, 5, 12, 0, 17, 0, time.UTC)
 

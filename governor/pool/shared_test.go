@@ -1,9 +1,14 @@
 package pool
 
 import (
+	"bufio"
 	"context"
+	"fmt"
+	"os"
+	"os/exec"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -201,5 +206,88 @@ func TestSharedConcurrencyOutage(t *testing.T) {
 			}
 			l.Release()
 		})
+	}
+}
+
+// holderEnv, set in a child copy of this test binary, makes it a sidecar
+// that takes every slot of a shared pool, says so on stdout and then runs
+// (renewing its leases) until it is killed. Its value is
+// "URL PREFIX": the Redis and the key prefix to share.
+const holderEnv = "WARDEN_POOL_TEST_HOLDER"
+
+// childLeaseTTL is the short lease of the killed-holder test.
+const childLeaseTTL = time.Second
+
+// runHolder is the child's whole life.
+func runHolder(spec string) {
+	var url, prefix string
+	if _, err := fmt.Sscan(spec, &url, &prefix); err != nil {
+		fmt.Println("bad spec:", err)
+		os.Exit(2)
+	}
+	r, err := window.NewRedis(window.RedisConfig{Config: redisx.Config{URL: url, LeaseTTL: childLeaseTTL,
+		DialTimeout: 5 * time.Second, ReadTimeout: 5 * time.Second, WriteTimeout: 5 * time.Second}, Prefix: prefix}, clock.Real{}, nil, nil)
+	if err != nil {
+		fmt.Println(err)
+		os.Exit(2)
+	}
+	p := NewSet([]policy.Pool{{Name: "p", Concurrency: 2}}, r, clock.Real{}, nil).Get("p")
+	for range 2 {
+		if _, control, ok := p.TryAcquire(time.Now()); !ok {
+			fmt.Println("refused:", control)
+			os.Exit(2)
+		}
+	}
+	fmt.Println("held")
+	select {} // until SIGKILL
+}
+
+// A sidecar process holding every slot is killed with SIGKILL: while it
+// lives its leases outlast their duration (it renews them), and once it
+// is dead its slots return after the lease, to a waiter of another
+// process, without any release.
+func TestSharedKilledHolderProcess(t *testing.T) {
+	url := testenv.RedisURL(t)
+	prefix := redistest.Prefix(t, url)
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), holderEnv+"="+url+" "+prefix)
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	killed := false
+	t.Cleanup(func() {
+		if !killed {
+			_ = cmd.Process.Kill()
+			_ = cmd.Wait()
+		}
+	})
+	line, err := bufio.NewReader(out).ReadString('\n')
+	if err != nil || line != "held\n" {
+		t.Fatalf("holder process: %q %v", line, err)
+	}
+
+	p, _ := sidecar(t, url, prefix, clock.Real{}, false, policy.Pool{Name: "p", Concurrency: 2, Queue: 10, MaxWait: 20 * time.Second})
+	time.Sleep(2 * childLeaseTTL) // two lease durations: only renewals keep the slots taken
+	if _, control, ok := p.TryAcquire(time.Now()); ok || control != ControlConcurrency {
+		t.Fatalf("a live holder's slots were free after its lease duration: ok=%v control=%s", ok, control)
+	}
+
+	if err := cmd.Process.Signal(syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	_ = cmd.Wait()
+	killed = true
+	start := time.Now()
+	l, err := p.Acquire(context.Background(), 0, start)
+	if err != nil {
+		t.Fatalf("the killed holder's slot never returned: %v", err)
+	}
+	l.Release()
+	if waited := time.Since(start); waited > childLeaseTTL+5*time.Second {
+		t.Fatalf("slot returned after %v, want about one lease (%v)", waited, childLeaseTTL)
 	}
 }
