@@ -2,6 +2,11 @@
 // and a fixed-window rate gate, the most restrictive winning, with a bounded
 // wait queue served by priority, then age. Pools that share a cap_key share
 // one Pool: one counter, one concurrency limit, one queue.
+//
+// On a Redis counter (backend.kind redis) both gates are shared by every
+// sidecar: the concurrency gate as leases in Redis, admitted together with
+// the rate window in one round trip (shared.go). The queue stays per
+// sidecar.
 package pool
 
 import (
