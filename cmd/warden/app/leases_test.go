@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/url"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -176,6 +177,9 @@ func TestPoolConcurrencyOutageThroughTheApp(t *testing.T) {
 			}
 			srv.Stop()
 			tripBackend(t, a, func() { get() })
+			if _, metrics := getStatus(t, "http://"+a.AdminAddr()+"/metrics"); !strings.Contains(metrics, "warden_backend_degraded 1") {
+				t.Fatal("warden_backend_degraded is not 1 during the outage")
+			}
 			code, control := get()
 			if onError == "fail_open" && code != 200 {
 				t.Fatalf("fail_open during the outage: %d %s", code, control)
