@@ -291,3 +291,42 @@ func TestSharedKilledHolderProcess(t *testing.T) {
 		t.Fatalf("slot returned after %v, want about one lease (%v)", waited, childLeaseTTL)
 	}
 }
+
+// The scheduler waits outside the pool's queue, on OnFree: a slot freed
+// on another sidecar reaches it too, by the retry tick a refusal arms (no
+// message crosses between sidecars).
+func TestSharedOnFreeForRemoteRelease(t *testing.T) {
+	url := testenv.RedisURL(t)
+	prefix := redistest.Prefix(t, url)
+	cfg := policy.Pool{Name: "p", Concurrency: 1}
+	a, _ := sidecar(t, url, prefix, clock.Real{}, false, cfg)
+	b, _ := sidecar(t, url, prefix, clock.Real{}, false, cfg)
+	woken := make(chan struct{}, 1)
+	b.OnFree(func() {
+		select {
+		case woken <- struct{}{}:
+		default:
+		}
+	})
+	held, _, ok := a.TryAcquire(time.Now())
+	if !ok {
+		t.Fatal("first sidecar refused")
+	}
+	if _, control, ok := b.TryAcquire(time.Now()); ok || control != ControlConcurrency {
+		t.Fatalf("second sidecar: ok=%v control=%s while the first holds the only slot", ok, control)
+	}
+	held.Release()
+	deadline := time.After(10 * time.Second)
+	for {
+		select {
+		case <-woken:
+		case <-deadline:
+			t.Fatal("the second sidecar was never woken after the remote release")
+		}
+		// Like the scheduler: try again when woken; a refusal re-arms.
+		if l, _, ok := b.TryAcquire(time.Now()); ok {
+			l.Release()
+			return
+		}
+	}
+}
