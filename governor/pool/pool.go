@@ -83,6 +83,7 @@ func newPool(cfg policy.Pool, c window.Counter, clk clock.Clock, m *metrics.Metr
 	}
 	if r, ok := c.(*window.Redis); ok {
 		p.shared = r
+		p.sh.freedFn = p.freedShared
 	}
 	if m != nil {
 		p.gInFlight = m.PoolInFlight.WithLabelValues(id)
@@ -363,7 +364,7 @@ func (p *Pool) release(h window.Held) {
 		p.mu.Unlock()
 		// Waiters are retried once Redis has the slot back, not before:
 		// an earlier try would be refused and cost a round trip.
-		h.Release(p.freedShared)
+		h.Release(p.sh.freedFn)
 		return
 	}
 	p.sh.freed++
@@ -508,7 +509,10 @@ func (p *Pool) Snapshot(now time.Time) Snapshot {
 		Concurrency: cfg.Concurrency, InFlight: inFlight, Queued: queued}
 	if p.shared != nil && cfg.Concurrency > 0 {
 		// Every sidecar's leases, when Redis can say.
-		if n, ok := p.shared.LeaseHolders(leaseKind, p.id, now); ok {
+		p.mu.Lock()
+		set := p.leaseSetLocked()
+		p.mu.Unlock()
+		if n, ok := p.shared.LeaseHolders(set, now); ok {
 			s.InFlight = int(n)
 		}
 	}

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/warden-dev/warden/governor/clock"
+	"github.com/warden-dev/warden/governor/window"
 )
 
 // Shared pools (backend.kind redis). Each admission is one round trip to
@@ -46,17 +47,30 @@ type sharedState struct {
 	freed       uint64    // counts frees, to notice one racing a refusal
 	tick        clock.Timer
 	tickArmed   bool
+	// set is the pool's lease set key, built for setPrefix.
+	set, setPrefix string
+	// freedFn is freedShared as a func value made once: a method value
+	// made per release would allocate.
+	freedFn func()
+}
+
+// leaseSetLocked is the pool's lease set key under the counter's prefix.
+func (p *Pool) leaseSetLocked() string {
+	if prefix := p.shared.Prefix(); p.sh.set == "" || prefix != p.sh.setPrefix {
+		p.sh.set, p.sh.setPrefix = window.LeaseSet(prefix, leaseKind, p.id), prefix
+	}
+	return p.sh.set
 }
 
 // take tries both gates once, in Redis when it can, without p.mu held.
 func (p *Pool) take(now time.Time) (Lease, string, bool) {
 	p.mu.Lock()
-	cfg, scope := p.cfg, p.scope
+	cfg, scope, set := p.cfg, p.scope, p.leaseSetLocked()
 	p.mu.Unlock()
 	if cfg.Concurrency <= 0 && cfg.Rate <= 0 {
 		return Lease{p: p}, "", true
 	}
-	res, err := p.shared.TakeLeased(scope, p.key, int64(cfg.Rate), 1, leaseKind, p.id, int64(cfg.Concurrency), now)
+	res, err := p.shared.TakeLeased(scope, p.key, int64(cfg.Rate), 1, set, int64(cfg.Concurrency), now)
 	if err != nil {
 		if p.shared.FailClosed() {
 			return Lease{}, ControlUpstream, false

@@ -201,7 +201,7 @@ func TestSharedConcurrencyOutage(t *testing.T) {
 			if !ok {
 				t.Fatalf("refused after recovery: %s", control)
 			}
-			if n, ok := r.LeaseHolders(leaseKind, p.ID(), time.Now()); !ok || n != 1 {
+			if n, ok := r.LeaseHolders(window.LeaseSet(r.Prefix(), leaseKind, p.ID()), time.Now()); !ok || n != 1 {
 				t.Fatalf("after recovery the lease is not in Redis: %d %v", n, ok)
 			}
 			l.Release()

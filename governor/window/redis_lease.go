@@ -63,19 +63,24 @@ func (r *Redis) FailClosed() bool {
 // (fail_open) and counts in after backend.kind changed to memory.
 func (r *Redis) Local() *Memory { return r.local }
 
-// leaseKey is the lease set of kind:name, e.g. warden:lease:pool:cap%3Astripe.
-// The name comes last and the kind has no ':', so two sets never collide.
-func leaseKey(prefix, kind, name string) string {
+// Prefix is the key prefix in force (it may change on Reconfigure).
+func (r *Redis) Prefix() string { return r.state.Load().prefix }
+
+// LeaseSet is the key of the lease set kind:name under prefix, e.g.
+// warden:lease:pool:cap:stripe. The name comes last and the kind has no
+// ':', so two sets never collide. Callers build it once per prefix (see
+// Prefix) and pass it to TakeLeased.
+func LeaseSet(prefix, kind, name string) string {
 	return prefix + "lease:" + kind + ":" + name
 }
 
-// TakeLeased is one shared admission: a lease in the set kind:name, which
-// holds at most conc unexpired leases, and n from key's window of at most
+// TakeLeased is one shared admission: a lease in the set (a LeaseSet key
+// under the current Prefix), which holds at most conc unexpired leases, and n from key's window of at most
 // rate, taken together or not at all, in one round trip (the batched admit
 // script). conc 0 means no concurrency gate, rate 0 no rate gate. Leases
 // expire after the client's LeaseTTL unless renewed, which the client does
 // for every lease it handed out until Held.Release.
-func (r *Redis) TakeLeased(s *Scope, key []byte, rate, n int64, kind, name string, conc int64, now time.Time) (Leased, error) {
+func (r *Redis) TakeLeased(s *Scope, key []byte, rate, n int64, set string, conc int64, now time.Time) (Leased, error) {
 	st := r.state.Load()
 	if st.cli == nil {
 		return Leased{}, ErrNotShared
@@ -98,10 +103,10 @@ func (r *Redis) TakeLeased(s *Scope, key []byte, rate, n int64, kind, name strin
 	}
 	op := redisx.GetOp()
 	defer redisx.PutOp(op)
-	var lk, holder string
+	var holder string
 	if conc > 0 {
-		lk, holder = leaseKey(st.prefix, kind, name), st.cli.NewHolder()
-		op.AddLease(lk, holder, conc, now, st.cli.LeaseTTL())
+		holder = st.cli.NewHolder()
+		op.AddLease(set, holder, conc, now, st.cli.LeaseTTL())
 	}
 	if rate > 0 {
 		k := windowKeys(st.prefix, s, cur.start)
@@ -124,19 +129,19 @@ func (r *Redis) TakeLeased(s *Scope, key []byte, rate, n int64, kind, name strin
 	}
 	out.Admitted = op.Admitted()
 	if out.Admitted && conc > 0 {
-		st.cli.Hold(lk, holder)
-		out.Lease = Held{cli: st.cli, key: lk, holder: holder}
+		st.cli.Hold(set, holder)
+		out.Lease = Held{cli: st.cli, key: set, holder: holder}
 	}
 	return out, nil
 }
 
-// LeaseHolders reads how many unexpired leases the set kind:name holds at
-// now; ok is false when the shared backend cannot say.
-func (r *Redis) LeaseHolders(kind, name string, now time.Time) (n int64, ok bool) {
+// LeaseHolders reads how many unexpired leases the set holds at now; ok is
+// false when the shared backend cannot say.
+func (r *Redis) LeaseHolders(set string, now time.Time) (n int64, ok bool) {
 	st := r.state.Load()
 	if st.cli == nil {
 		return 0, false
 	}
-	n, err := st.cli.LeaseHolders(leaseKey(st.prefix, kind, name), now)
+	n, err := st.cli.LeaseHolders(set, now)
 	return n, err == nil
 }

@@ -137,8 +137,9 @@ func complete(op *Op, err error) {
 }
 
 // encode builds [_, _, numkeys, KEYS..., ARGV...] for admitScript. Strings
-// are passed by pointer (go-redis writes *string as is), so a batch adds no
-// allocation per key.
+// and integers are passed by pointer (go-redis writes *string and *int64 as
+// is; an int64 in an interface would be boxed), so a batch adds no
+// allocation per gate.
 func encode(batch []*Op, args []any) []any {
 	args = append(args, nil, nil, 0)
 	nkeys := 0
@@ -166,13 +167,13 @@ func encode(batch []*Op, args []any) []any {
 			g := &op.gates[i]
 			switch g.Kind {
 			case GateLease:
-				args = append(args, "l", g.Limit, g.NowMillis, g.ExpiryMillis, &g.Member, g.TTLMillis)
+				args = append(args, "l", &g.Limit, &g.NowMillis, &g.ExpiryMillis, &g.Member, &g.TTLMillis)
 				continue
 			case GateRelease:
 				args = append(args, "r", &g.Member)
 				continue
 			}
-			args = append(args, "w", g.Limit, g.N, g.TTLMillis, &g.Member)
+			args = append(args, "w", &g.Limit, &g.N, &g.TTLMillis, &g.Member)
 		}
 	}
 	return args
