@@ -195,13 +195,24 @@ func decode(batch []*Op, vals []int64) error {
 	return nil
 }
 
-// drain fails every op still queued; called once the senders have stopped.
+// drain empties the queue once the senders have stopped: admissions
+// still queued fail with err; releases still queued are sent in a last
+// batch (a sidecar shutting down gives back the slots of the requests it
+// finished rather than leave them to expire).
 func (b *batcher) drain(err error) {
+	var releases []*Op
 	for {
 		select {
 		case op := <-b.ops:
+			if op.after != nil {
+				releases = append(releases, op)
+				continue
+			}
 			complete(op, err)
 		default:
+			for start := 0; start < len(releases); start += b.c.cfg.MaxBatch {
+				b.send(releases[start:min(start+b.c.cfg.MaxBatch, len(releases))], nil)
+			}
 			return
 		}
 	}

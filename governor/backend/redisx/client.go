@@ -155,7 +155,7 @@ func Open(cfg Config, clk clock.Clock, m *metrics.Metrics, log *slog.Logger) (*C
 }
 
 // Close stops the senders, the probe and the lease renewals; admissions
-// still queued get ErrClosed, releases still queued are dropped. Leases
+// still queued get ErrClosed, releases still queued are sent. Leases
 // still held are not released: their holders may still be running, and
 // the leases expire by themselves after LeaseTTL. It waits for in-flight
 // batches.

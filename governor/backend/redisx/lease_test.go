@@ -199,3 +199,36 @@ func TestLeasesRenewedEveryThirdOfTheLease(t *testing.T) {
 	}
 	c.Release(set, h, nil)
 }
+
+// Releases still queued when the client closes are sent, not dropped: a
+// sidecar shutting down gives back the slots of the requests it finished.
+func TestReleasesQueuedAtCloseAreSent(t *testing.T) {
+	url := testenv.RedisURL(t)
+	rdb := redistest.Client(t, url)
+	set := redistest.Prefix(t, url) + "lease"
+	c, err := Open(Config{URL: url, DialTimeout: 5 * time.Second, ReadTimeout: 5 * time.Second, WriteTimeout: 5 * time.Second}, clock.Real{}, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.rdb.Close()
+	if _, ok := admitLease(t, c, set, "h", 1, time.Now(), "", 0); !ok {
+		t.Fatal("not admitted")
+	}
+	// Close's first half: the senders stop, so a release queued now can
+	// only leave through drain.
+	c.mu.Lock()
+	c.closed = true
+	close(c.done)
+	c.mu.Unlock()
+	c.wg.Wait()
+	sent := make(chan struct{})
+	op := GetOp()
+	op.gates = append(op.gates, Gate{Kind: GateRelease, Key: set, Member: "h"})
+	op.after = func() { close(sent) }
+	c.b.ops <- op
+	c.b.drain(ErrClosed)
+	<-sent
+	if n := rdb.ZCard(context.Background(), set).Val(); n != 0 {
+		t.Fatalf("the release queued at close was not sent: %d holders left", n)
+	}
+}
