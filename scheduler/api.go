@@ -318,6 +318,7 @@ func (s *Scheduler) Heartbeat(ctx context.Context, id string) (RunView, error) {
 			s.leaseSemaphores(a.sems, a, now+int64(a.leaseTerm()))
 		}
 		s.mu.Unlock()
+		s.leaseSharedPermits(a, now+int64(a.leaseTerm()))
 	}
 	v, err := s.view(ctx, a.seq)
 	if err == nil && done {

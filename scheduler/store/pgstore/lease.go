@@ -29,11 +29,11 @@ func (s *Store) Renew(ctx context.Context, owner string, until int64) (int, erro
 // renewed again: called when the worker accepts the run and on each of its
 // heartbeats. Before that (while the owner delivers) permits do not expire
 // on their own; the run's lease covers them.
-func (s *Store) LeasePermits(ctx context.Context, seq uint64, until int64) error {
+func (s *Store) LeasePermits(ctx context.Context, owner string, seq uint64, until int64) error {
 	if err := s.check(); err != nil {
 		return err
 	}
-	if _, err := s.pool.Exec(ctx, "UPDATE warden_permits SET expires_at = $2 WHERE seq = $1", int64(seq), until); err != nil {
+	if _, err := s.pool.Exec(ctx, "UPDATE warden_permits SET expires_at = $2 WHERE seq = $1 AND holder = $3", int64(seq), until, owner); err != nil {
 		return fmt.Errorf("lease the permits of run %d: %w", seq, err)
 	}
 	return nil

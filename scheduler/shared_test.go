@@ -1,0 +1,312 @@
+package scheduler
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"net/http"
+	"net/url"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/warden-dev/warden/internal/testenv"
+	"github.com/warden-dev/warden/scheduler/store/pgstore"
+)
+
+// sharedDB is one schema of the test database for one test: its URL (with
+// search_path), a connection for the test's own checks, and cleanup that
+// drops it.
+type sharedDB struct {
+	url  string
+	conn *pgx.Conn
+}
+
+func newSharedDB(t *testing.T) *sharedDB {
+	t.Helper()
+	base := testenv.PostgresURL(t)
+	b := make([]byte, 6)
+	rand.Read(b)
+	schema := "warden_sched_" + hex.EncodeToString(b)
+	u, err := url.Parse(base)
+	if err != nil {
+		t.Fatal(err)
+	}
+	q := u.Query()
+	q.Set("search_path", schema)
+	u.RawQuery = q.Encode()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	conn, err := pgx.Connect(ctx, base)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		if _, err := conn.Exec(ctx, "DROP SCHEMA IF EXISTS "+pgx.Identifier{schema}.Sanitize()+" CASCADE"); err != nil {
+			t.Errorf("drop test schema: %v", err)
+		}
+		conn.Close(ctx)
+	})
+	db := &sharedDB{url: u.String(), conn: conn}
+	// Create the tables now, so the test's own queries never race the
+	// first sidecar's migration.
+	db.open(t).Close()
+	if _, err := conn.Exec(ctx, "SET search_path = "+pgx.Identifier{schema}.Sanitize()); err != nil {
+		t.Fatal(err)
+	}
+	return db
+}
+
+func (db *sharedDB) open(t *testing.T) *pgstore.Store {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	st, err := pgstore.Open(ctx, db.url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return st
+}
+
+func (db *sharedDB) count(t *testing.T, where string) int {
+	t.Helper()
+	var n int64
+	if err := db.conn.QueryRow(context.Background(), "SELECT count(*) FROM warden_runs WHERE "+where).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	return int(n)
+}
+
+// sidecar is one in-process warden on the shared store: its own store
+// connection pool, scheduler, HTTP listener and worker.
+func newSidecar(t *testing.T, db *sharedDB, w *worker, sched string, lease time.Duration) *harness {
+	t.Helper()
+	st := db.open(t)
+	t.Cleanup(func() { st.Close() }) // after the harness's shutdown (cleanups run last-in first-out)
+	return newHarness(t, policyYAML(w.srv.URL, sched, ""), withStore(st), withLease(lease))
+}
+
+// Three sidecars on one Postgres queue, 500 runs, lanes 5: a sampler
+// reading the database never sees more than 5 runs STARTING/RUNNING across
+// all three, every run reaches exactly one worker exactly once, and the
+// three share the work.
+func TestSharedStoreThreeSidecarsLanes(t *testing.T) {
+	db := newSharedDB(t)
+	const n, lanes = 500, 5
+	var workers [3]*worker
+	var sidecars [3]*harness
+	for i := range sidecars {
+		workers[i] = newWorker(t, func(d delivery) (int, string) {
+			time.Sleep(time.Duration(len(d.id)%3) * time.Millisecond) // let runs overlap
+			return 200, `{"ok":true}`
+		})
+		sidecars[i] = newSidecar(t, db, workers[i], fmt.Sprintf(`
+  lanes: %d
+  worker_max_concurrent: 4
+  definitions:
+    job: {}`, lanes), 2*time.Second)
+	}
+
+	// The sampler: admitted runs across every sidecar, read from the store.
+	stop := make(chan struct{})
+	var maxAdmitted atomic.Int64
+	var samples atomic.Int64
+	sampled := make(chan error, 1)
+	go func() {
+		conn, err := pgx.Connect(context.Background(), db.url)
+		if err != nil {
+			sampled <- err
+			return
+		}
+		defer conn.Close(context.Background())
+		for {
+			select {
+			case <-stop:
+				sampled <- nil
+				return
+			default:
+			}
+			var k int64
+			if err := conn.QueryRow(context.Background(), "SELECT count(*) FROM warden_runs WHERE status IN (2, 3)").Scan(&k); err != nil {
+				sampled <- err
+				return
+			}
+			samples.Add(1)
+			if k > maxAdmitted.Load() {
+				maxAdmitted.Store(k)
+			}
+		}
+	}()
+
+	var wg sync.WaitGroup
+	jobs := make(chan int)
+	for range 12 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range jobs {
+				h := sidecars[i%3]
+				resp, err := h.client.Post(h.base, "application/json", strings.NewReader(fmt.Sprintf(`{"name":"job","input":{"i":%d}}`, i)))
+				if err != nil {
+					t.Error(err)
+					continue
+				}
+				resp.Body.Close()
+				if resp.StatusCode != http.StatusAccepted {
+					t.Errorf("submit %d: %d", i, resp.StatusCode)
+				}
+			}
+		}()
+	}
+	for i := range n {
+		jobs <- i
+	}
+	close(jobs)
+	wg.Wait()
+	deadline := time.Now().Add(40 * time.Second)
+	for db.count(t, "status = 5") < n {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d of %d runs COMPLETED", db.count(t, "status = 5"), n)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	close(stop)
+	if err := <-sampled; err != nil {
+		t.Fatal(err)
+	}
+	if m := maxAdmitted.Load(); m > lanes || m < 2 {
+		t.Fatalf("the sampler saw at most %d runs admitted at once (in %d samples); want 2..%d", m, samples.Load(), lanes)
+	}
+	seen := map[string]int{}
+	for i, w := range workers {
+		got := w.deliveries()
+		if len(got) == 0 {
+			t.Errorf("sidecar %d delivered nothing: the queue is not shared", i)
+		}
+		if w.max() > 4 {
+			t.Errorf("worker %d ran %d at once; worker_max_concurrent is 4", i, w.max())
+		}
+		for _, d := range got {
+			if d.attempt != "1" {
+				t.Errorf("run %s delivered with attempt %s", d.id, d.attempt)
+			}
+			seen[d.id]++
+		}
+	}
+	if len(seen) != n {
+		t.Fatalf("%d distinct runs reached the workers, want %d", len(seen), n)
+	}
+	for id, k := range seen {
+		if k != 1 {
+			t.Errorf("run %s reached the workers %d times", id, k)
+		}
+	}
+}
+
+// kill -9 of a sidecar (a child process) while it delivers three runs: the
+// other two sidecars finish them after its lease expires, with the next
+// x-run-attempt; every other run is delivered once.
+func TestSharedStoreKill9(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a child process")
+	}
+	db := newSharedDB(t)
+	// worker_max_concurrent 3: the child takes the three runs it is given
+	// and nothing the others are sent.
+	sched := `
+  lanes: 5
+  worker_max_concurrent: 3
+  store: { kind: postgres, url: "` + db.url + `" }
+  definitions:
+    job: {}`
+	// The child's worker takes runs and never answers before the crash.
+	release := make(chan struct{})
+	dead := newWorker(t, func(d delivery) (int, string) { <-release; return 200, "{}" })
+	defer close(release)
+	dir := t.TempDir()
+	policyFile := filepath.Join(dir, "policy.yaml")
+	if err := os.WriteFile(policyFile, []byte(policyYAML(dead.srv.URL, sched, "")), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	child := startChild(t, policyFile, dir, childLeaseEnv+"=1500ms")
+	client := &http.Client{}
+	defer client.CloseIdleConnections()
+	submit := func(base string, i int) string {
+		resp, err := client.Post(base, "application/json", strings.NewReader(fmt.Sprintf(`{"name":"job","input":{"i":%d}}`, i)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		var v RunView
+		if err := decodeJSON(resp.Body, &v); err != nil || resp.StatusCode != http.StatusAccepted {
+			t.Fatalf("submit: %d %v", resp.StatusCode, err)
+		}
+		return v.ID
+	}
+	held := map[string]bool{}
+	for i := range 3 {
+		held[submit(child.base, i)] = true
+	}
+	for range 3 {
+		if d := dead.next(t); !held[d.id] {
+			t.Fatalf("the child delivered run %s, not one of %v", d.id, held)
+		}
+	}
+
+	var live [2]*worker
+	var sidecars [2]*harness
+	for i := range sidecars {
+		live[i] = newWorker(t, nil)
+		sidecars[i] = newSidecar(t, db, live[i], `
+  lanes: 5
+  definitions:
+    job: {}`, 1500*time.Millisecond)
+	}
+	const more = 20
+	for i := range more {
+		submit(sidecars[i%2].base, 100+i)
+	}
+	if err := child.cmd.Process.Signal(syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	child.wait()
+
+	deadline := time.Now().Add(20 * time.Second)
+	for db.count(t, "status = 5") < 3+more {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d of %d runs COMPLETED after the kill", db.count(t, "status = 5"), 3+more)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	attempts := map[string][]string{}
+	for _, w := range live {
+		for _, d := range w.deliveries() {
+			attempts[d.id] = append(attempts[d.id], d.attempt)
+		}
+	}
+	if len(attempts) != 3+more {
+		t.Fatalf("the live workers saw %d runs, want %d", len(attempts), 3+more)
+	}
+	for id, got := range attempts {
+		want := "[1]"
+		if held[id] {
+			want = "[2]"
+		}
+		if fmt.Sprint(got) != want {
+			t.Errorf("run %s reached the live workers with attempts %v, want %s", id, got, want)
+		}
+	}
+	if got := len(dead.deliveries()); got != 3 {
+		t.Errorf("the killed sidecar's worker saw %d deliveries, want 3", got)
+	}
+}
