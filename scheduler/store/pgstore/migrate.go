@@ -131,3 +131,9 @@ func migrate(ctx context.Context, pool *pgxpool.Pool, schema string) error {
 	}
 	return nil
 }
+
+// MigrationCount is how many migrations this build carries.
+func MigrationCount() int {
+	ms, _ := loadMigrations()
+	return len(ms)
+}

@@ -237,7 +237,7 @@ func (s *Store) Update(ctx context.Context, r *store.Run, from store.Statuses) e
 			reason = $9, control = $10, created_at = $11, queued_at = $12, started_at = $13, finished_at = $14,
 			retry_at = $15, pool_id = $16, window_start = $17,
 			owner = CASE WHEN $18 THEN owner ELSE '' END, lease_until = CASE WHEN $18 THEN lease_until ELSE 0 END
-		WHERE seq = $1 AND status = ANY($19) AND (status NOT IN `+admittedSQL+` OR attempt = $4) RETURNING seq),
+		WHERE seq = $1 AND status = ANY($19) AND (status NOT IN ` + admittedSQL + ` OR attempt = $4) RETURNING seq),
 	freed AS (DELETE FROM warden_permits WHERE NOT $18 AND seq IN (SELECT seq FROM u))
 	SELECT (SELECT count(*) FROM u), (SELECT CASE WHEN NOT $18 AND EXISTS (SELECT 1 FROM u) THEN pg_notify($20, 'freed') END) IS NULL,
 		(SELECT status FROM warden_runs WHERE seq = $1)`
