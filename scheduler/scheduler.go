@@ -158,7 +158,10 @@ func (s *Scheduler) Apply(ctx context.Context, c *governor.Controls) error {
 	var keep error
 	if prev != nil && prev.storeKind != cfg.storeKind && s.opts.Store == nil {
 		keep = fmt.Errorf("scheduler.store.kind changed from %s to %s: a restart is needed; runs stay in the %s store until then", prev.storeKind, cfg.storeKind, prev.storeKind)
-		cfg.storeKind = prev.storeKind
+		cfg.storeKind, cfg.storeURL = prev.storeKind, prev.storeURL
+	} else if prev != nil && prev.storeURL != cfg.storeURL && s.opts.Store == nil {
+		keep = errors.New("scheduler.store.url changed: a restart is needed; runs stay in the store opened at start until then")
+		cfg.storeURL = prev.storeURL
 	}
 	now := s.clk.Now()
 	s.mu.Lock()

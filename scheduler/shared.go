@@ -383,3 +383,56 @@ func (s *Scheduler) sharedSemaphores(now time.Time) []SemaphoreState {
 	slices.SortFunc(out, func(a, b SemaphoreState) int { return strings.Compare(a.Name, b.Name) })
 	return out
 }
+
+// sharedControl names the control holding a waiting run in the shared
+// queue, in the order the in-process admitter names them: the run's own
+// gates (key, semaphores, pool), then the shared ones. A run nothing holds
+// is waiting for its turn in the lanes.
+func (s *Scheduler) sharedControl(ctx context.Context, name, key string, now time.Time) string {
+	cfg := s.cfgPtr.Load()
+	if cfg == nil {
+		return ControlLanes
+	}
+	if cfg.defs[name] == nil {
+		return ControlDefinition
+	}
+	ctx, cancel := context.WithTimeout(ctx, sharedCallTimeout)
+	defer cancel()
+	h, err := s.shared.st.Holding(ctx, s.claimRequest(cfg, now), name, key)
+	switch {
+	case err != nil:
+		s.log.Error("read the gates holding a run", "definition", name, "err", err)
+		return ControlLanes
+	case h.Key:
+		return ControlKey
+	case h.Semaphore:
+		return ControlSemaphore
+	case h.PoolConcurrency:
+		return ControlPoolConc
+	case h.PoolRate:
+		return ControlPoolRate
+	case h.Worker && !h.Lanes:
+		return ControlWorker
+	}
+	return ControlLanes
+}
+
+// sharedControls fills in the control of every waiting run of views from
+// the shared store, one read per definition and key.
+func (s *Scheduler) sharedControls(ctx context.Context, views []RunView, now time.Time) {
+	type nk struct{ name, key string }
+	seen := map[nk]string{}
+	for i := range views {
+		v := &views[i]
+		if !v.AwaitingAdmission {
+			continue
+		}
+		k := nk{v.Name, v.Key}
+		c, ok := seen[k]
+		if !ok {
+			c = s.sharedControl(ctx, v.Name, v.Key, now)
+			seen[k] = c
+		}
+		v.Control = &c
+	}
+}

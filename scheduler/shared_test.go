@@ -310,3 +310,53 @@ func TestSharedStoreKill9(t *testing.T) {
 		t.Errorf("the killed sidecar's worker saw %d deliveries, want 3", got)
 	}
 }
+
+// On a shared store, a waiting run names the shared gate holding it
+// (pool_rate, key_concurrency), and the end of the pool's window admits
+// it (fake clock): not a moment before.
+func TestSharedStoreControlsAndWindowBoundary(t *testing.T) {
+	db := newSharedDB(t)
+	w := newWorker(t, func(d delivery) (int, string) {
+		if strings.Contains(d.body, `"k"`) {
+			return 202, "" // keyed runs stay RUNNING
+		}
+		return 200, "{}"
+	})
+	st := db.open(t)
+	t.Cleanup(func() { st.Close() })
+	h := newHarness(t, policyYAML(w.srv.URL, `
+  lanes: 5
+  definitions:
+    job: { pool: api }
+    keyed: { key: "${input.k}", key_concurrency: 1 }`, "pools:\n  api: { rate: 2, window: 60 }\n"),
+		withStore(st), withLease(2*time.Second), withFakeClock())
+	var jobs []string
+	for i := range 3 {
+		jobs = append(jobs, h.submit(fmt.Sprintf(`{"name":"job","input":{"i":%d}}`, i)).ID)
+	}
+	h.waitStatus(jobs[0], "COMPLETED")
+	h.waitStatus(jobs[1], "COMPLETED")
+	if v := h.get(jobs[2]); v.Status != "QUEUED" || deref(v.Control) != ControlPoolRate {
+		t.Fatalf("third run of a 2-per-minute pool: %s control %s, want QUEUED pool_rate", v.Status, deref(v.Control))
+	}
+	first := h.submit(`{"name":"keyed","input":{"k":"a"}}`).ID
+	h.waitStatus(first, "RUNNING")
+	second := h.submit(`{"name":"keyed","input":{"k":"a"}}`)
+	if v := h.get(second.ID); v.Status != "QUEUED" || deref(v.Control) != ControlKey {
+		t.Fatalf("second run of key a: %s control %s, want QUEUED key_concurrency", v.Status, deref(v.Control))
+	}
+	if deref(second.Control) != ControlKey {
+		t.Fatalf("submit receipt names control %s, want key_concurrency", deref(second.Control))
+	}
+	// t0 is 43 s before a minute boundary.
+	h.fake.Advance(42 * time.Second)
+	h.settle()
+	if v := h.get(jobs[2]); v.Status != "QUEUED" {
+		t.Fatalf("a second before the boundary the run is %s", v.Status)
+	}
+	h.fake.Advance(time.Second)
+	h.waitStatus(jobs[2], "COMPLETED")
+	if v := h.get(second.ID); v.Status != "QUEUED" {
+		t.Fatalf("the key's second run is %s while the first still runs", v.Status)
+	}
+}

@@ -61,7 +61,9 @@ func Open(ctx context.Context, url string) (*Store, error) {
 		return nil, fmt.Errorf("resolve the run store's schema: %v", err)
 	}
 	return &Store{
-		pool: pool, schema: *cur, channel: "warden_runs." + *cur,
+		// A channel name is an identifier (63 bytes at most): the schema
+		// enters it hashed.
+		pool: pool, schema: *cur, channel: fmt.Sprintf("warden_runs_%016x", uint64(lockKey(*cur, "notify"))),
 		claimK: lockKey(*cur, "claim"),
 	}, nil
 }

@@ -96,3 +96,55 @@ func (s *Store) PermitsHeld(ctx context.Context, now int64) (map[string]int, err
 	}
 	return out, rows.Err()
 }
+
+// Hold says which shared gates are full for a waiting run of one
+// definition and key, as the claim would count them now. It is read
+// without the claim lock: a view for "why is my run not running?", not a
+// decision.
+type Hold struct {
+	Lanes, Worker, Key, Semaphore, PoolConcurrency, PoolRate bool
+}
+
+// Holding reports the gates holding a waiting run of name with key under
+// the gates of req (its Owner, Lanes, WorkerMax, Defs, Pools, Semaphores
+// and Now).
+func (s *Store) Holding(ctx context.Context, req ClaimRequest, name, key string) (Hold, error) {
+	var h Hold
+	if err := s.check(); err != nil {
+		return h, err
+	}
+	d := req.Defs[name]
+	var poolDefs []string
+	for n, other := range req.Defs {
+		if d.Pool != "" && other.Pool == d.Pool {
+			poolDefs = append(poolDefs, n)
+		}
+	}
+	p := req.Pools[d.Pool]
+	var global, mine, keyed, pooled, used int64
+	err := s.pool.QueryRow(ctx, `SELECT count(*), count(*) FILTER (WHERE owner = $1),
+			count(*) FILTER (WHERE name = $2 AND key = $3), count(*) FILTER (WHERE name = ANY($4)),
+			(SELECT coalesce(max(count), 0) FROM warden_pool_windows WHERE pool_id = $5 AND window_start = $6)
+		FROM warden_runs WHERE status IN `+admittedSQL, req.Owner, name, key, poolDefs, d.Pool, p.WindowStart).
+		Scan(&global, &mine, &keyed, &pooled, &used)
+	if err != nil {
+		return h, fmt.Errorf("read the gates of %s: %w", name, err)
+	}
+	held, err := s.PermitsHeld(ctx, req.Now)
+	if err != nil {
+		return h, err
+	}
+	h.Lanes = int(global) >= req.Lanes
+	h.Worker = req.WorkerMax > 0 && int(mine) >= req.WorkerMax
+	h.Key = d.KeyLimit > 0 && int(keyed) >= d.KeyLimit
+	for _, sem := range d.Semaphores {
+		if permits, ok := req.Semaphores[sem]; ok && held[sem] >= permits {
+			h.Semaphore = true
+		}
+	}
+	if d.Pool != "" {
+		h.PoolConcurrency = p.Concurrency > 0 && int(pooled) >= p.Concurrency
+		h.PoolRate = p.Rate > 0 && int(used) >= p.Rate
+	}
+	return h, nil
+}
