@@ -73,6 +73,8 @@ type defKey struct{ name, key string }
 // over. A run held by its key skips only that key; one held by its pool
 // or semaphores skips only its definition.
 func (s *Store) Claim(ctx context.Context, req ClaimRequest) (ClaimResult, error) {
+	ctx, cancel := bound(ctx)
+	defer cancel()
 	var res ClaimResult
 	if err := s.check(); err != nil {
 		return res, err

@@ -15,6 +15,8 @@ import (
 // the lease; a sidecar that stops calling it (killed, partitioned) loses
 // its runs to the sweep once the lease ends.
 func (s *Store) Renew(ctx context.Context, owner string, until int64) (int, error) {
+	ctx, cancel := bound(ctx)
+	defer cancel()
 	if err := s.check(); err != nil {
 		return 0, err
 	}
@@ -30,6 +32,8 @@ func (s *Store) Renew(ctx context.Context, owner string, until int64) (int, erro
 // heartbeats. Before that (while the owner delivers) permits do not expire
 // on their own; the run's lease covers them.
 func (s *Store) LeasePermits(ctx context.Context, owner string, seq uint64, until int64) error {
+	ctx, cancel := bound(ctx)
+	defer cancel()
 	if err := s.check(); err != nil {
 		return err
 	}
@@ -89,6 +93,8 @@ const sweepMax = 1000
 // transaction, under the claim lock so a concurrent claim counts the
 // result exactly. Any sidecar may sweep; what changed wakes the others.
 func (s *Store) Sweep(ctx context.Context, req SweepRequest) (SweepResult, error) {
+	ctx, cancel := bound(ctx)
+	defer cancel()
 	var res SweepResult
 	if err := s.check(); err != nil {
 		return res, err

@@ -130,6 +130,15 @@ func nullable(s string) *string {
 // admittedSQL is the SQL list of statuses that hold a lane.
 const admittedSQL = "(2, 3)"
 
+// bound gives a call without a deadline the store's own: a stalled
+// network must not hang a delivery or an API call for ever.
+func bound(ctx context.Context) (context.Context, context.CancelFunc) {
+	if _, ok := ctx.Deadline(); ok {
+		return ctx, func() {}
+	}
+	return context.WithTimeout(ctx, callTimeout)
+}
+
 func (s *Store) check() error {
 	if s.closed.Load() {
 		return store.ErrClosed
@@ -140,6 +149,8 @@ func (s *Store) check() error {
 // Submit implements store.Store. A QUEUED run wakes the sidecars
 // listening on the store.
 func (s *Store) Submit(ctx context.Context, r *store.Run) (bool, error) {
+	ctx, cancel := bound(ctx)
+	defer cancel()
 	if err := s.check(); err != nil {
 		return false, err
 	}
@@ -173,6 +184,8 @@ func (s *Store) Submit(ctx context.Context, r *store.Run) (bool, error) {
 
 // Get implements store.Store.
 func (s *Store) Get(ctx context.Context, seq uint64) (store.Run, error) {
+	ctx, cancel := bound(ctx)
+	defer cancel()
 	if err := s.check(); err != nil {
 		return store.Run{}, err
 	}
@@ -189,6 +202,8 @@ func (s *Store) Get(ctx context.Context, seq uint64) (store.Run, error) {
 
 // List implements store.Store.
 func (s *Store) List(ctx context.Context, q store.Query) ([]store.Run, error) {
+	ctx, cancel := bound(ctx)
+	defer cancel()
 	if err := s.check(); err != nil {
 		return nil, err
 	}
@@ -224,6 +239,8 @@ func (s *Store) List(ctx context.Context, q store.Query) ([]store.Run, error) {
 // updated only for the attempt it is in: a sidecar whose lease the sweep
 // took (it stalled) cannot end the attempt another sidecar claimed since.
 func (s *Store) Update(ctx context.Context, r *store.Run, from store.Statuses) error {
+	ctx, cancel := bound(ctx)
+	defer cancel()
 	if err := s.check(); err != nil {
 		return err
 	}
@@ -264,6 +281,8 @@ func (s *Store) Update(ctx context.Context, r *store.Run, from store.Statuses) e
 // Start implements store.Store: the admission of a run the caller decided
 // itself (not through Claim). It takes no owner or lease.
 func (s *Store) Start(ctx context.Context, seq uint64, a store.Admission) (store.Run, error) {
+	ctx, cancel := bound(ctx)
+	defer cancel()
 	if err := s.check(); err != nil {
 		return store.Run{}, err
 	}
@@ -344,6 +363,8 @@ func (s *Store) Unfinished(ctx context.Context, fn func(*store.Run) error) error
 
 // Counts implements store.Store.
 func (s *Store) Counts(ctx context.Context) (map[store.Status]int, error) {
+	ctx, cancel := bound(ctx)
+	defer cancel()
 	if err := s.check(); err != nil {
 		return nil, err
 	}
