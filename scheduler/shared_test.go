@@ -2,11 +2,8 @@ package scheduler
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"fmt"
 	"net/http"
-	"net/url"
 	"os"
 	"path/filepath"
 	"strings"
@@ -18,8 +15,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/warden-dev/warden/internal/testenv"
 	"github.com/warden-dev/warden/scheduler/store/pgstore"
+	"github.com/warden-dev/warden/scheduler/store/pgstore/pgtest"
 )
 
 // sharedDB is one schema of the test database for one test: its URL (with
@@ -32,38 +29,18 @@ type sharedDB struct {
 
 func newSharedDB(t *testing.T) *sharedDB {
 	t.Helper()
-	base := testenv.PostgresURL(t)
-	b := make([]byte, 6)
-	rand.Read(b)
-	schema := "warden_sched_" + hex.EncodeToString(b)
-	u, err := url.Parse(base)
-	if err != nil {
-		t.Fatal(err)
-	}
-	q := u.Query()
-	q.Set("search_path", schema)
-	u.RawQuery = q.Encode()
+	u := pgtest.SchemaURL(t, "warden_sched")
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	conn, err := pgx.Connect(ctx, base)
+	conn, err := pgx.Connect(ctx, u.String())
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		if _, err := conn.Exec(ctx, "DROP SCHEMA IF EXISTS "+pgx.Identifier{schema}.Sanitize()+" CASCADE"); err != nil {
-			t.Errorf("drop test schema: %v", err)
-		}
-		conn.Close(ctx)
-	})
+	t.Cleanup(func() { conn.Close(context.Background()) })
 	db := &sharedDB{url: u.String(), conn: conn}
 	// Create the tables now, so the test's own queries never race the
 	// first sidecar's migration.
 	db.open(t).Close()
-	if _, err := conn.Exec(ctx, "SET search_path = "+pgx.Identifier{schema}.Sanitize()); err != nil {
-		t.Fatal(err)
-	}
 	return db
 }
 

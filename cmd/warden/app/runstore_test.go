@@ -1,26 +1,20 @@
 package app
 
 import (
-	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
 	"net/http/httptest"
-	"net/url"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
-
 	"github.com/warden-dev/warden/governor/clock"
-	"github.com/warden-dev/warden/internal/testenv"
 	"github.com/warden-dev/warden/proxy/ingress"
+	"github.com/warden-dev/warden/scheduler/store/pgstore/pgtest"
 )
 
 // tcpRelay forwards a loopback port to Postgres and can be cut and
@@ -95,29 +89,10 @@ func (r *tcpRelay) restore() { r.listen(r.addr) }
 // store, and /readyz fails while Postgres is unreachable and recovers with
 // it.
 func TestPostgresRunStore(t *testing.T) {
-	base := testenv.PostgresURL(t)
-	u, err := url.Parse(base)
-	if err != nil {
-		t.Fatal(err)
-	}
+	u := pgtest.SchemaURL(t, "warden_app")
 	relay := newRelay(t, u.Host)
-	b := make([]byte, 6)
-	rand.Read(b)
-	schema := "warden_app_" + hex.EncodeToString(b)
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		conn, err := pgx.Connect(ctx, base)
-		if err != nil {
-			t.Errorf("drop schema: %v", err)
-			return
-		}
-		defer conn.Close(ctx)
-		conn.Exec(ctx, "DROP SCHEMA IF EXISTS "+pgx.Identifier{schema}.Sanitize()+" CASCADE")
-	})
 	u.Host = relay.addr
 	q := u.Query()
-	q.Set("search_path", schema)
 	q.Set("connect_timeout", "2")
 	u.RawQuery = q.Encode()
 

@@ -73,16 +73,11 @@ type defKey struct{ name, key string }
 // over. A run held by its key skips only that key; one held by its pool
 // or semaphores skips only its definition.
 func (s *Store) Claim(ctx context.Context, req ClaimRequest) (ClaimResult, error) {
-	ctx, cancel := bound(ctx)
-	defer cancel()
 	var res ClaimResult
-	if err := s.check(); err != nil {
-		return res, err
-	}
 	if len(req.Defs) == 0 {
-		return res, nil
+		return res, s.check()
 	}
-	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+	err := s.underClaimLock(ctx, func(ctx context.Context, tx pgx.Tx) error {
 		res = ClaimResult{}
 		return s.claimTx(ctx, tx, req, &res)
 	})
@@ -92,10 +87,23 @@ func (s *Store) Claim(ctx context.Context, req ClaimRequest) (ClaimResult, error
 	return res, nil
 }
 
-func (s *Store) claimTx(ctx context.Context, tx pgx.Tx, req ClaimRequest, res *ClaimResult) error {
-	if _, err := tx.Exec(ctx, "SELECT pg_advisory_xact_lock($1)", s.claimK); err != nil {
+// underClaimLock runs fn in a transaction that holds the schema's claim
+// lock (pg_advisory_xact_lock) from its start to its commit.
+func (s *Store) underClaimLock(ctx context.Context, fn func(context.Context, pgx.Tx) error) error {
+	if err := s.check(); err != nil {
 		return err
 	}
+	ctx, cancel := bound(ctx)
+	defer cancel()
+	return pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, "SELECT pg_advisory_xact_lock($1)", s.claimK); err != nil {
+			return err
+		}
+		return fn(ctx, tx)
+	})
+}
+
+func (s *Store) claimTx(ctx context.Context, tx pgx.Tx, req ClaimRequest, res *ClaimResult) error {
 	// Permits whose lease ended are free.
 	if _, err := tx.Exec(ctx, "DELETE FROM warden_permits WHERE expires_at <> 0 AND expires_at <= $1", req.Now); err != nil {
 		return err

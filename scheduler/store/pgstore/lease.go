@@ -93,13 +93,8 @@ const sweepMax = 1000
 // transaction, under the claim lock so a concurrent claim counts the
 // result exactly. Any sidecar may sweep; what changed wakes the others.
 func (s *Store) Sweep(ctx context.Context, req SweepRequest) (SweepResult, error) {
-	ctx, cancel := bound(ctx)
-	defer cancel()
 	var res SweepResult
-	if err := s.check(); err != nil {
-		return res, err
-	}
-	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+	err := s.underClaimLock(ctx, func(ctx context.Context, tx pgx.Tx) error {
 		res = SweepResult{}
 		return s.sweepTx(ctx, tx, req, &res)
 	})
@@ -110,9 +105,6 @@ func (s *Store) Sweep(ctx context.Context, req SweepRequest) (SweepResult, error
 }
 
 func (s *Store) sweepTx(ctx context.Context, tx pgx.Tx, req SweepRequest, res *SweepResult) error {
-	if _, err := tx.Exec(ctx, "SELECT pg_advisory_xact_lock($1)", s.claimK); err != nil {
-		return err
-	}
 	rows, err := tx.Query(ctx, "SELECT "+metaCols+`, owner FROM warden_runs
 		WHERE status IN `+admittedSQL+` AND lease_until <> 0 AND lease_until <= $1
 		ORDER BY seq LIMIT $2 FOR UPDATE SKIP LOCKED`, req.Now, sweepMax)
