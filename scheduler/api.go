@@ -358,6 +358,9 @@ func (s *Scheduler) activeRun(ctx context.Context, id, what string) (*active, er
 	if err != nil {
 		return nil, err
 	}
+	if s.shared != nil && v.Status == store.Running.String() && a == nil {
+		return nil, &Conflict{Msg: fmt.Sprintf("run %s is RUNNING on another sidecar sharing the queue: %s it through the sidecar that delivered it", id, what)}
+	}
 	return nil, &Conflict{Msg: fmt.Sprintf("run %s is %s: only a RUNNING run can %s", id, v.Status, what)}
 }
 

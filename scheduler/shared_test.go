@@ -190,25 +190,35 @@ func TestSharedStoreThreeSidecarsLanes(t *testing.T) {
 	}
 }
 
-// kill -9 of a sidecar (a child process) while it delivers three runs: the
-// other two sidecars finish them after its lease expires, with the next
-// x-run-attempt; every other run is delivered once.
+// kill -9 of a sidecar (a child process) while it delivers three runs and
+// its worker holds a fourth it accepted (202): the other two sidecars
+// finish all four after its lease expires, with the next x-run-attempt
+// (the accepted one because its retry policy allows another attempt);
+// every other run is delivered once. Asking a live sidecar to complete a
+// run the dead one delivered is a 409 that says where the run is.
 func TestSharedStoreKill9(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts a child process")
 	}
 	db := newSharedDB(t)
-	// worker_max_concurrent 3: the child takes the three runs it is given
+	// worker_max_concurrent 4: the child takes the four runs it is given
 	// and nothing the others are sent.
+	defs := `
+  definitions:
+    job: { retry: { count: 1, delay: 0s } }`
 	sched := `
   lanes: 5
-  worker_max_concurrent: 3
-  store: { kind: postgres, url: "` + db.url + `" }
-  definitions:
-    job: {}`
-	// The child's worker takes runs and never answers before the crash.
+  worker_max_concurrent: 4
+  store: { kind: postgres, url: "` + db.url + `" }` + defs
+	// The child's worker accepts run i=3 and holds the others unanswered.
 	release := make(chan struct{})
-	dead := newWorker(t, func(d delivery) (int, string) { <-release; return 200, "{}" })
+	dead := newWorker(t, func(d delivery) (int, string) {
+		if strings.Contains(d.body, `"i":3`) {
+			return 202, ""
+		}
+		<-release
+		return 200, "{}"
+	})
 	defer close(release)
 	dir := t.TempDir()
 	policyFile := filepath.Join(dir, "policy.yaml")
@@ -231,12 +241,23 @@ func TestSharedStoreKill9(t *testing.T) {
 		return v.ID
 	}
 	held := map[string]bool{}
-	for i := range 3 {
+	for i := range 4 {
 		held[submit(child.base, i)] = true
 	}
-	for range 3 {
+	for range 4 {
 		if d := dead.next(t); !held[d.id] {
 			t.Fatalf("the child delivered run %s, not one of %v", d.id, held)
+		}
+	}
+	accepted := ""
+	for _, d := range dead.deliveries() {
+		if strings.Contains(d.body, `"i":3`) {
+			accepted = d.id
+		}
+	}
+	for wait := time.Now().Add(10 * time.Second); db.count(t, "status = 3") != 1; time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(wait) {
+			t.Fatalf("%d runs RUNNING before the kill, want the one the child's worker accepted", db.count(t, "status = 3"))
 		}
 	}
 
@@ -245,9 +266,11 @@ func TestSharedStoreKill9(t *testing.T) {
 	for i := range sidecars {
 		live[i] = newWorker(t, nil)
 		sidecars[i] = newSidecar(t, db, live[i], `
-  lanes: 5
-  definitions:
-    job: {}`, 1500*time.Millisecond)
+  lanes: 5`+defs, 1500*time.Millisecond)
+	}
+	if r := sidecars[0].do("POST", "/"+accepted+"/complete", `{"status":"COMPLETED"}`); r.code != http.StatusConflict ||
+		!strings.Contains(string(r.body), "another sidecar") {
+		t.Fatalf("complete through a sidecar that does not hold the run: %d %s", r.code, r.body)
 	}
 	const more = 20
 	for i := range more {
@@ -259,9 +282,9 @@ func TestSharedStoreKill9(t *testing.T) {
 	child.wait()
 
 	deadline := time.Now().Add(20 * time.Second)
-	for db.count(t, "status = 5") < 3+more {
+	for db.count(t, "status = 5") < 4+more {
 		if time.Now().After(deadline) {
-			t.Fatalf("%d of %d runs COMPLETED after the kill", db.count(t, "status = 5"), 3+more)
+			t.Fatalf("%d of %d runs COMPLETED after the kill", db.count(t, "status = 5"), 4+more)
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
@@ -271,8 +294,8 @@ func TestSharedStoreKill9(t *testing.T) {
 			attempts[d.id] = append(attempts[d.id], d.attempt)
 		}
 	}
-	if len(attempts) != 3+more {
-		t.Fatalf("the live workers saw %d runs, want %d", len(attempts), 3+more)
+	if len(attempts) != 4+more {
+		t.Fatalf("the live workers saw %d runs, want %d", len(attempts), 4+more)
 	}
 	for id, got := range attempts {
 		want := "[1]"
@@ -283,8 +306,8 @@ func TestSharedStoreKill9(t *testing.T) {
 			t.Errorf("run %s reached the live workers with attempts %v, want %s", id, got, want)
 		}
 	}
-	if got := len(dead.deliveries()); got != 3 {
-		t.Errorf("the killed sidecar's worker saw %d deliveries, want 3", got)
+	if got := len(dead.deliveries()); got != 4 {
+		t.Errorf("the killed sidecar's worker saw %d deliveries, want 4", got)
 	}
 }
 
