@@ -360,3 +360,52 @@ func TestSharedStoreControlsAndWindowBoundary(t *testing.T) {
 		t.Fatalf("the key's second run is %s while the first still runs", v.Status)
 	}
 }
+
+// A retryable failure on a shared store waits RETRY_WAIT, returns to the
+// shared queue and is claimed again with the next attempt; a heartbeat
+// renews the permit lease of a run the worker accepted.
+func TestSharedStoreRetryAndHeartbeat(t *testing.T) {
+	db := newSharedDB(t)
+	w := newWorker(t, func(d delivery) (int, string) {
+		switch {
+		case strings.Contains(d.body, `"hold"`):
+			return 202, ""
+		case d.attempt == "1":
+			return 503, "busy"
+		}
+		return 200, `{"done":true}`
+	})
+	h := newSidecar(t, db, w, `
+  lanes: 5
+  semaphores: { erp: 1 }
+  definitions:
+    job: { retry: { count: 1, delay: 50ms } }
+    held: { semaphores: [erp], heartbeat_timeout: 1s }`, 2*time.Second)
+	id := h.submit(`{"name":"job"}`).ID
+	v := h.waitStatus(id, "COMPLETED")
+	if v.Attempt != 2 {
+		t.Fatalf("completed on attempt %d, want 2", v.Attempt)
+	}
+	hold := h.submit(`{"name":"held","input":{"hold":true}}`).ID
+	h.waitStatus(hold, "RUNNING")
+	var before, after int64
+	// The lease is set just after the 202 is processed.
+	for wait := time.Now().Add(10 * time.Second); before == 0; time.Sleep(time.Millisecond) {
+		if err := db.conn.QueryRow(context.Background(), "SELECT expires_at FROM warden_permits WHERE seq = $1", mustSeq(hold)).Scan(&before); err != nil {
+			t.Fatal(err)
+		}
+		if time.Now().After(wait) {
+			t.Fatal("the permit of an accepted run was never leased")
+		}
+	}
+	time.Sleep(5 * time.Millisecond)
+	if r := h.do("POST", "/"+hold+"/heartbeat", ""); r.code != http.StatusOK {
+		t.Fatalf("heartbeat: %d %s", r.code, r.body)
+	}
+	if err := db.conn.QueryRow(context.Background(), "SELECT expires_at FROM warden_permits WHERE seq = $1", mustSeq(hold)).Scan(&after); err != nil {
+		t.Fatal(err)
+	}
+	if before == 0 || after <= before {
+		t.Fatalf("permit lease %d after the 202, %d after the heartbeat: want set, then later", before, after)
+	}
+}
