@@ -68,17 +68,47 @@ func Open(ctx context.Context, url string) (*Store, error) {
 	}, nil
 }
 
-// firstSchema reads the first entry of a search_path setting.
+// firstSchema reads the first entry of a search_path setting as the
+// server does: a double-quoted name is taken as written (`""` is a quote),
+// an unquoted one is trimmed and folded to ASCII lower case; "$user" (the
+// role's own schema) and an empty setting give "" (no schema to create).
 func firstSchema(sp string) string {
-	first, _, _ := strings.Cut(sp, ",")
-	first = strings.TrimSpace(first)
-	if len(first) >= 2 && first[0] == '"' && first[len(first)-1] == '"' {
-		first = strings.ReplaceAll(first[1:len(first)-1], `""`, `"`)
+	sp = strings.TrimLeft(sp, " \t\n\r")
+	if strings.HasPrefix(sp, `"`) {
+		var b strings.Builder
+		for i := 1; i < len(sp); i++ {
+			if sp[i] != '"' {
+				b.WriteByte(sp[i])
+				continue
+			}
+			if i+1 < len(sp) && sp[i+1] == '"' {
+				b.WriteByte('"')
+				i++
+				continue
+			}
+			if name := b.String(); name != "$user" {
+				return name
+			}
+			return ""
+		}
+		return "" // unterminated: the server refuses it, nothing to create
 	}
+	first, _, _ := strings.Cut(sp, ",")
+	first = asciiLower(strings.TrimRight(first, " \t\n\r"))
 	if first == "$user" {
 		return ""
 	}
 	return first
+}
+
+func asciiLower(s string) string {
+	b := []byte(s)
+	for i, c := range b {
+		if 'A' <= c && c <= 'Z' {
+			b[i] = c + 'a' - 'A'
+		}
+	}
+	return string(b)
 }
 
 // Schema is the schema holding the store's tables.

@@ -3,6 +3,7 @@ package pgstore_test
 import (
 	"context"
 	"net/url"
+	"strings"
 	"testing"
 	"time"
 
@@ -47,4 +48,22 @@ func TestConformance(t *testing.T) {
 			return open(t, u.String())
 		},
 	})
+}
+
+// An unquoted search_path names the schema the server folds it to: the
+// store creates and uses that one.
+func TestOpenFoldsUnquotedSchema(t *testing.T) {
+	u := pgtest.SchemaURL(t, "warden_test") // dropped by its lower-case name
+	q := u.Query()
+	schema := q.Get("search_path")
+	q.Set("search_path", strings.ToUpper(schema)+", public")
+	u.RawQuery = q.Encode()
+	s := open(t, u.String())
+	defer s.Close()
+	if s.Schema() != schema {
+		t.Fatalf("store schema %q, want %q", s.Schema(), schema)
+	}
+	if _, err := s.Submit(context.Background(), &store.Run{Name: "job", Status: store.Queued}); err != nil {
+		t.Fatal(err)
+	}
 }
