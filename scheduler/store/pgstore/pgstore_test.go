@@ -22,7 +22,7 @@ func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 // in search_path, dropped when the test ends.
 func schemaURL(t *testing.T) string { return pgtest.SchemaURL(t, "warden_test").String() }
 
-func open(t *testing.T, u string) *pgstore.Store {
+func open(t testing.TB, u string) *pgstore.Store {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
