@@ -2,7 +2,6 @@ package pgstore
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"time"
 
@@ -103,87 +102,102 @@ func (s *Store) underClaimLock(ctx context.Context, fn func(context.Context, pgx
 	})
 }
 
-func (s *Store) claimTx(ctx context.Context, tx pgx.Tx, req ClaimRequest, res *ClaimResult) error {
-	// Permits whose lease ended are free.
-	if _, err := tx.Exec(ctx, "DELETE FROM warden_permits WHERE expires_at <> 0 AND expires_at <= $1", req.Now); err != nil {
-		return err
+// admission is one run a claim admits.
+type admission struct {
+	seq      int64
+	retryAt  int64
+	poolID   string
+	winStart int64
+	sems     []string
+}
+
+// gates are the counts a claim checks, read under the claim lock.
+type gates struct {
+	global, mine int
+	perKey       map[defKey]int
+	perPool      map[string]int // admitted runs of the definitions using each pool
+	held         map[string]int // permits held per semaphore
+	used         map[string]int // rate slots counted in each pool's current window
+}
+
+// loadGates frees expired permits and reads every count in one round trip.
+func loadGates(ctx context.Context, tx pgx.Tx, req ClaimRequest) (*gates, error) {
+	var ids []string
+	var starts []int64
+	for id, p := range req.Pools {
+		if p.Rate > 0 {
+			ids, starts = append(ids, id), append(starts, p.WindowStart)
+		}
 	}
-	// Admitted runs: bounded by lanes, so reading them whole is cheap.
-	rows, err := tx.Query(ctx, "SELECT name, key, owner FROM warden_runs WHERE status IN "+admittedSQL)
+	b := &pgx.Batch{}
+	b.Queue("DELETE FROM warden_permits WHERE expires_at <> 0 AND expires_at <= $1", req.Now)
+	// Admitted runs are bounded by lanes, so reading them whole is cheap.
+	b.Queue("SELECT name, key, owner FROM warden_runs WHERE status IN " + admittedSQL)
+	b.Queue("SELECT semaphore, count(*) FROM warden_permits GROUP BY semaphore")
+	b.Queue(`SELECT w.pool_id, w.count FROM warden_pool_windows w
+		JOIN unnest($1::text[], $2::bigint[]) AS c(pool_id, window_start)
+		ON w.pool_id = c.pool_id AND w.window_start = c.window_start`, ids, starts)
+	br := tx.SendBatch(ctx, b)
+	defer br.Close()
+	g := &gates{perKey: map[defKey]int{}, perPool: map[string]int{}, held: map[string]int{}, used: map[string]int{}}
+	if _, err := br.Exec(); err != nil {
+		return nil, err
+	}
+	rows, err := br.Query()
+	if err != nil {
+		return nil, err
+	}
+	var k defKey
+	var owner string
+	_, err = pgx.ForEachRow(rows, []any{&k.name, &k.key, &owner}, func() error {
+		g.global++
+		if owner == req.Owner {
+			g.mine++
+		}
+		g.perKey[k]++
+		if d, ok := req.Defs[k.name]; ok && d.Pool != "" {
+			g.perPool[d.Pool]++
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	var name string
+	var n int64
+	if rows, err = br.Query(); err != nil {
+		return nil, err
+	}
+	if _, err = pgx.ForEachRow(rows, []any{&name, &n}, func() error { g.held[name] = int(n); return nil }); err != nil {
+		return nil, err
+	}
+	var count int32
+	if rows, err = br.Query(); err != nil {
+		return nil, err
+	}
+	if _, err = pgx.ForEachRow(rows, []any{&name, &count}, func() error { g.used[name] = int(count); return nil }); err != nil {
+		return nil, err
+	}
+	return g, br.Close()
+}
+
+func (s *Store) claimTx(ctx context.Context, tx pgx.Tx, req ClaimRequest, res *ClaimResult) error {
+	g, err := loadGates(ctx, tx, req)
 	if err != nil {
 		return err
 	}
-	global, mine := 0, 0
-	perKey := map[defKey]int{}
-	perPool := map[string]int{}
-	for rows.Next() {
-		var k defKey
-		var owner string
-		if err := rows.Scan(&k.name, &k.key, &owner); err != nil {
-			rows.Close()
-			return err
-		}
-		global++
-		if owner == req.Owner {
-			mine++
-		}
-		perKey[k]++
-		if d, ok := req.Defs[k.name]; ok && d.Pool != "" {
-			perPool[d.Pool]++
-		}
-	}
-	rows.Close()
-	if err := rows.Err(); err != nil {
-		return err
-	}
-	room := req.Lanes - global
+	perKey, perPool, held, used := g.perKey, g.perPool, g.held, g.used
+	room := req.Lanes - g.global
 	if req.WorkerMax > 0 {
-		room = min(room, req.WorkerMax-mine)
+		room = min(room, req.WorkerMax-g.mine)
 	}
 	if room <= 0 {
 		return nil
-	}
-	held := map[string]int{}
-	rows, err = tx.Query(ctx, "SELECT semaphore, count(*) FROM warden_permits GROUP BY semaphore")
-	if err != nil {
-		return err
-	}
-	for rows.Next() {
-		var name string
-		var n int64
-		if err := rows.Scan(&name, &n); err != nil {
-			rows.Close()
-			return err
-		}
-		held[name] = int(n)
-	}
-	rows.Close()
-	if err := rows.Err(); err != nil {
-		return err
-	}
-	used := map[string]int{} // rate slots counted in each pool's current window
-	for id, p := range req.Pools {
-		if p.Rate <= 0 {
-			continue
-		}
-		var n int32
-		err := tx.QueryRow(ctx, "SELECT count FROM warden_pool_windows WHERE pool_id = $1 AND window_start = $2", id, p.WindowStart).Scan(&n)
-		if err != nil && !errors.Is(err, pgx.ErrNoRows) {
-			return err
-		}
-		used[id] = int(n)
 	}
 
 	names := make([]string, 0, len(req.Defs))
 	for name := range req.Defs {
 		names = append(names, name)
-	}
-	type admission struct {
-		seq      int64
-		retryAt  int64
-		poolID   string
-		winStart int64
-		sems     []string
 	}
 	var admitted []admission
 	blockedDefs := []string{}
@@ -293,29 +307,50 @@ func (s *Store) claimTx(ctx context.Context, tx pgx.Tx, req ClaimRequest, res *C
 	if len(admitted) == 0 {
 		return nil
 	}
+	return recordClaims(ctx, tx, req, admitted, res)
+}
+
+// recordClaims marks the admitted runs STARTING for the claimer, counts
+// their rate slots and inserts their permits, in one round trip.
+func recordClaims(ctx context.Context, tx pgx.Tx, req ClaimRequest, admitted []admission, res *ClaimResult) error {
 	until := req.Now + int64(req.Lease)
+	b := &pgx.Batch{}
+	slots := map[[2]any]int{}
+	var permitSems []string
+	var permitSeqs []int64
 	for _, a := range admitted {
-		var r store.Run
-		row := tx.QueryRow(ctx, `UPDATE warden_runs SET status = 2, attempt = attempt + 1, started_at = $2,
+		b.Queue(`UPDATE warden_runs SET status = 2, attempt = attempt + 1, started_at = $2,
 				pool_id = $3, window_start = $4, retry_at = 0, control = '', output = NULL, owner = $5, lease_until = $6
 			WHERE seq = $1 RETURNING `+runCols, a.seq, req.Now, a.poolID, a.winStart, req.Owner, until)
-		if err := scanRun(row, &r, true); err != nil {
+		if a.winStart != 0 {
+			slots[[2]any{a.poolID, a.winStart}]++
+		}
+		for _, name := range a.sems {
+			permitSems, permitSeqs = append(permitSems, name), append(permitSeqs, a.seq)
+		}
+	}
+	for k, n := range slots {
+		b.Queue(`INSERT INTO warden_pool_windows (pool_id, window_start, count) VALUES ($1, $2, $3)
+			ON CONFLICT (pool_id, window_start) DO UPDATE SET count = warden_pool_windows.count + excluded.count`, k[0], k[1], n)
+	}
+	if len(permitSeqs) > 0 {
+		b.Queue(`INSERT INTO warden_permits (semaphore, seq, holder, expires_at)
+			SELECT sem, seq, $3, 0 FROM unnest($1::text[], $2::bigint[]) AS p(sem, seq)`, permitSems, permitSeqs, req.Owner)
+	}
+	br := tx.SendBatch(ctx, b)
+	defer br.Close()
+	for _, a := range admitted {
+		var r store.Run
+		if err := scanRun(br.QueryRow(), &r, true); err != nil {
 			return err
 		}
 		r.RetryAt = a.retryAt
 		res.Runs = append(res.Runs, r)
-		if a.winStart != 0 {
-			if _, err := tx.Exec(ctx, `INSERT INTO warden_pool_windows (pool_id, window_start, count) VALUES ($1, $2, 1)
-				ON CONFLICT (pool_id, window_start) DO UPDATE SET count = warden_pool_windows.count + 1`, a.poolID, a.winStart); err != nil {
-				return err
-			}
-		}
-		for _, name := range a.sems {
-			if _, err := tx.Exec(ctx, "INSERT INTO warden_permits (semaphore, seq, holder, expires_at) VALUES ($1, $2, $3, 0)",
-				name, a.seq, req.Owner); err != nil {
-				return err
-			}
+	}
+	for range b.Len() - len(admitted) {
+		if _, err := br.Exec(); err != nil {
+			return err
 		}
 	}
-	return nil
+	return br.Close()
 }
