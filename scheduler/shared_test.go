@@ -409,3 +409,51 @@ func TestSharedStoreRetryAndHeartbeat(t *testing.T) {
 		t.Fatalf("permit lease %d after the 202, %d after the heartbeat: want set, then later", before, after)
 	}
 }
+
+// SIGTERM on a shared store: the draining sidecar claims nothing more
+// while its deliveries finish (another sidecar takes the new runs), and
+// what it was delivering completes through it.
+func TestSharedStoreDrainStopsClaiming(t *testing.T) {
+	db := newSharedDB(t)
+	release := make(chan struct{})
+	var once sync.Once
+	open := func() { once.Do(func() { close(release) }) }
+	defer open()
+	wa := newWorker(t, func(d delivery) (int, string) { <-release; return 200, "{}" })
+	wb := newWorker(t, nil)
+	sched := `
+  lanes: 10
+  definitions:
+    job: {}`
+	a := newSidecar(t, db, wa, sched, 2*time.Second)
+	first := []string{a.submit(`{"name":"job"}`).ID, a.submit(`{"name":"job"}`).ID}
+	wa.next(t)
+	wa.next(t)
+	drained := make(chan error, 1)
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		drained <- a.sched.Shutdown(ctx)
+	}()
+	a.waitUntil("the drain began", func(s *Scheduler) bool { return s.draining })
+	b := newSidecar(t, db, wb, sched, 2*time.Second)
+	var later []string
+	for range 3 {
+		later = append(later, b.submit(`{"name":"job"}`).ID)
+	}
+	for _, id := range later {
+		b.waitStatus(id, "COMPLETED")
+	}
+	open()
+	if err := <-drained; err != nil {
+		t.Fatal(err)
+	}
+	for _, id := range first {
+		if v := b.get(id); v.Status != "COMPLETED" || v.Attempt != 1 {
+			t.Fatalf("run %s delivered by the draining sidecar: %s attempt %d, want COMPLETED on attempt 1", id, v.Status, v.Attempt)
+		}
+	}
+	if n := len(wa.deliveries()); n != 2 {
+		t.Fatalf("the draining sidecar delivered %d runs, want only its first 2", n)
+	}
+}
