@@ -55,7 +55,6 @@ func TestClaimGates(t *testing.T) {
 		req     pgstore.ClaimRequest
 		first   []int // indexes of the submitted runs the first claim takes
 		second  []int // a second sidecar's claim meanwhile
-		now2    int64 // the second claim's time (0: as the first)
 		wakeAt  int64 // the second claim's WakeAt
 		endThen []int // after the first claim's runs COMPLETED, a third claim takes
 	}{
@@ -134,9 +133,6 @@ func TestClaimGates(t *testing.T) {
 			}
 			req2 := req
 			req2.Owner = "sidecar-2"
-			if tc.now2 != 0 {
-				req2.Now = tc.now2
-			}
 			got2, res2 := claimSeqs(t, s, req2)
 			if !slices.Equal(got2, pick(tc.second)) {
 				t.Fatalf("second sidecar's claim took %v, want %v", got2, pick(tc.second))
