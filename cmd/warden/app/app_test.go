@@ -11,9 +11,13 @@ import (
 	"testing"
 
 	"go.uber.org/goleak"
+
+	"github.com/warden-dev/warden/internal/fasttest"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+// The ingress (a fasthttp server) of TestPostgresRunStore leaves fasthttp's
+// own cleaners sleeping for a while after its shutdown.
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m, fasttest.LeakOptions()...) }
 
 func writePolicy(t *testing.T, path, body string) {
 	t.Helper()
