@@ -67,13 +67,16 @@ type waiter struct {
 // errPoolWait is wrapped when the deadline passes while waiting for a slot.
 var errPoolWait = errors.New("all connections busy (max_connections) until the deadline")
 
+// errWaitCancelled is wrapped when the request's Cancel closes first.
+var errWaitCancelled = errors.New("wait for a free connection (max_connections) cancelled")
+
 // Config returns the pool's settings.
 func (p *Pool) Config() Config { return p.cfg }
 
 // acquire returns a connection for one exchange: an idle one that is still
 // alive, a new one while under MaxConns, or else the first one released
-// before deadline.
-func (p *Pool) acquire(deadline time.Time) (*Conn, error) {
+// before deadline or cancel.
+func (p *Pool) acquire(deadline time.Time, cancel <-chan struct{}) (*Conn, error) {
 	for {
 		p.mu.Lock()
 		if n := len(p.idle); n > 0 {
@@ -96,7 +99,7 @@ func (p *Pool) acquire(deadline time.Time) (*Conn, error) {
 		w := &waiter{ch: make(chan *Conn, 1)}
 		p.waiters = append(p.waiters, w)
 		p.mu.Unlock()
-		c, ok, err := p.wait(w, deadline)
+		c, ok, err := p.wait(w, deadline, cancel)
 		if err != nil {
 			return nil, err
 		}
@@ -111,26 +114,30 @@ func (p *Pool) acquire(deadline time.Time) (*Conn, error) {
 	}
 }
 
-// wait blocks until w is served or the deadline passes. ok is false when w
-// was handed a slot rather than a connection.
-func (p *Pool) wait(w *waiter, deadline time.Time) (c *Conn, ok bool, err error) {
+// wait blocks until w is served, the deadline passes or cancel is closed.
+// ok is false when w was handed a slot rather than a connection.
+func (p *Pool) wait(w *waiter, deadline time.Time, cancel <-chan struct{}) (c *Conn, ok bool, err error) {
 	var timeout <-chan time.Time
 	if !deadline.IsZero() {
 		t := time.NewTimer(time.Until(deadline))
 		defer t.Stop()
 		timeout = t.C
 	}
+	kind, cause := KindTimeout, errPoolWait
 	select {
 	case c = <-w.ch:
 		return c, c != nil, nil
 	case <-timeout:
+	case <-cancel:
+		// Not the upstream's fault: a breaker must not count it.
+		kind, cause = KindClient, errWaitCancelled
 	}
 	p.mu.Lock()
 	for i, x := range p.waiters {
 		if x == w {
 			p.waiters = append(p.waiters[:i], p.waiters[i+1:]...)
 			p.mu.Unlock()
-			return nil, false, wrap(KindTimeout, "wait for a connection to", p.cfg.Addr, errPoolWait)
+			return nil, false, wrap(kind, "wait for a connection to", p.cfg.Addr, cause)
 		}
 	}
 	p.mu.Unlock()

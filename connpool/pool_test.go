@@ -308,6 +308,24 @@ func TestMaxConnsQueuesAndTimesOut(t *testing.T) {
 	if KindOf(err) != KindTimeout {
 		t.Fatalf("queued past deadline: %v", err)
 	}
+	// A caller with no deadline waits until its Cancel closes (a server
+	// shutting down), and that is not the upstream's failure.
+	cancel := make(chan struct{})
+	cancelled := make(chan error, 1)
+	go func() {
+		_, _, err := exchange(t, p, &Request{Header: getRequest(u.addr, "/"), Cancel: cancel})
+		cancelled <- err
+	}()
+	for p.Stats().Waiting != 7 {
+		if time.Now().After(deadline) {
+			t.Fatalf("unbounded caller never queued: %+v", p.Stats())
+		}
+		time.Sleep(time.Millisecond)
+	}
+	close(cancel)
+	if err := <-cancelled; KindOf(err) != KindClient {
+		t.Fatalf("cancelled wait: %v, want a client-side error", err)
+	}
 	close(gate)
 	wg.Wait()
 	close(errs)

@@ -22,6 +22,10 @@ type Request struct {
 	// Deadline bounds the whole exchange, streamed response body included.
 	// Zero means none.
 	Deadline time.Time
+	// Cancel, when closed, ends a wait for a connection slot: with no
+	// Deadline that wait is otherwise unbounded, and a server shutting down
+	// must not be held by callers queued behind a full pool. Nil means none.
+	Cancel <-chan struct{}
 }
 
 // InlineBodyMax is the largest response body of known length that Do reads
@@ -46,7 +50,7 @@ var (
 // Do never sends a request twice. An error is an *Error saying which side
 // failed.
 func (p *Pool) Do(req *Request, resp *fasthttp.Response, fin Finisher) (streamed bool, err error) {
-	c, err := p.acquire(req.Deadline)
+	c, err := p.acquire(req.Deadline, req.Cancel)
 	if err != nil {
 		return false, err
 	}

@@ -76,8 +76,8 @@ func (a *active) getPhase() phase {
 // outside the lock.
 func (s *Scheduler) admitLocked(now time.Time) []*active {
 	cfg := s.cfgPtr.Load()
-	if cfg == nil || s.draining || s.closed {
-		return nil
+	if cfg == nil || s.draining || s.closed || s.shared != nil {
+		return nil // a shared store admits through claims (shared.go)
 	}
 	limit, _ := cfg.limit()
 	s.pass++
@@ -140,7 +140,7 @@ func (s *Scheduler) admitLocked(now time.Time) []*active {
 // when every gate has room for it now; nil when it must wait.
 func (s *Scheduler) reserveLocked(d *definition, key string, prio int32, now time.Time) *active {
 	cfg := s.cfgPtr.Load()
-	if cfg == nil || s.draining || s.closed {
+	if cfg == nil || s.draining || s.closed || s.shared != nil {
 		return nil
 	}
 	if limit, _ := cfg.limit(); s.running >= limit {

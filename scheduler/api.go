@@ -146,8 +146,14 @@ func (s *Scheduler) Submit(ctx context.Context, req SubmitRequest) (Receipt, boo
 		control := s.controlLocked(s.q.def(r.Name), r.Key, now)
 		rc.Status, rc.AwaitingAdmission, rc.Control = store.Queued.String(), true, &control
 	}
+	sh := s.shared
 	s.mu.Unlock()
 	s.launch(started)
+	if sh != nil && rc.Control != nil {
+		// The shared queue's gates, not this sidecar's index, hold it.
+		control := s.sharedControl(ctx, r.Name, r.Key, now)
+		rc.Control = &control
+	}
 	if rc.Control != nil && s.m != nil {
 		s.m.Rejections.WithLabelValues(*rc.Control, "run:"+r.Name).Inc()
 	}
@@ -189,8 +195,13 @@ func (s *Scheduler) view(ctx context.Context, seq uint64) (RunView, error) {
 	}
 	now := s.clk.Now()
 	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.viewLocked(r, now), nil
+	v := []RunView{s.viewLocked(r, now)}
+	sh := s.shared
+	s.mu.Unlock()
+	if sh != nil {
+		s.sharedControls(ctx, v, now)
+	}
+	return v[0], nil
 }
 
 // List returns runs in id order, optionally of one status (the API's
@@ -249,7 +260,11 @@ func (s *Scheduler) List(ctx context.Context, status string, after uint64, limit
 	for _, r := range runs {
 		out = append(out, s.viewLocked(r, now))
 	}
+	sh := s.shared
 	s.mu.Unlock()
+	if sh != nil {
+		s.sharedControls(ctx, out, now)
+	}
 	return out, nil
 }
 
@@ -318,6 +333,7 @@ func (s *Scheduler) Heartbeat(ctx context.Context, id string) (RunView, error) {
 			s.leaseSemaphores(a.sems, a, now+int64(a.leaseTerm()))
 		}
 		s.mu.Unlock()
+		s.leaseSharedPermits(a, now+int64(a.leaseTerm()))
 	}
 	v, err := s.view(ctx, a.seq)
 	if err == nil && done {
@@ -341,6 +357,9 @@ func (s *Scheduler) activeRun(ctx context.Context, id, what string) (*active, er
 	v, err := s.view(ctx, seq)
 	if err != nil {
 		return nil, err
+	}
+	if s.shared != nil && v.Status == store.Running.String() && a == nil {
+		return nil, &Conflict{Msg: fmt.Sprintf("run %s is RUNNING on another sidecar sharing the queue: %s it through the sidecar that delivered it", id, what)}
 	}
 	return nil, &Conflict{Msg: fmt.Sprintf("run %s is %s: only a RUNNING run can %s", id, v.Status, what)}
 }

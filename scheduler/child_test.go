@@ -35,6 +35,7 @@ const (
 	childEnv       = "WARDEN_SCHED_CHILD"
 	childPolicyEnv = "WARDEN_SCHED_CHILD_POLICY"
 	childDirEnv    = "WARDEN_SCHED_CHILD_DIR"
+	childLeaseEnv  = "WARDEN_SCHED_CHILD_LEASE" // claim lease on a shared store
 )
 
 func childMain() int {
@@ -46,7 +47,8 @@ func childMain() int {
 	}
 	clk := clock.Real{}
 	gov := governor.New(clk, metrics.New(), window.NewMemory(clk))
-	s := New(Options{Clock: clk, Log: log, DataDir: os.Getenv(childDirEnv)})
+	lease, _ := time.ParseDuration(os.Getenv(childLeaseEnv))
+	s := New(Options{Clock: clk, Log: log, DataDir: os.Getenv(childDirEnv), Lease: lease})
 	if err := s.Apply(context.Background(), gov.Apply(p)); err != nil {
 		log.Error("start", "err", err)
 		return 1
@@ -85,10 +87,11 @@ func (c *child) wait() error {
 	return c.err
 }
 
-func startChild(t *testing.T, policyFile, dir string) *child {
+func startChild(t *testing.T, policyFile, dir string, env ...string) *child {
 	t.Helper()
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
 	cmd.Env = append(os.Environ(), childEnv+"=1", childPolicyEnv+"="+policyFile, childDirEnv+"="+dir)
+	cmd.Env = append(cmd.Env, env...)
 	out, err := cmd.StdoutPipe()
 	if err != nil {
 		t.Fatal(err)

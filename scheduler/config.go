@@ -26,6 +26,7 @@ type config struct {
 	lanes        int
 	workerMax    int
 	storeKind    string
+	storeURL     string // postgres
 	defs         map[string]*definition
 	order        []*definition // sorted by name, for stable admission scans
 	semaphores   map[string]int
@@ -38,6 +39,7 @@ type definition struct {
 	key             *keyExpr
 	pool            *pool.Pool // nil: no pool gate
 	poolName        string
+	poolCfg         policy.Pool // the pool's settings, for claims from a shared store
 	semaphores      []string
 	priority        int32
 	retry           *retry.Policy // nil: never retried
@@ -71,6 +73,7 @@ func compile(c *governor.Controls, prev *config, clk clock.Clock, m *metrics.Met
 		lanes:        s.Lanes,
 		workerMax:    s.WorkerMaxConcurrent,
 		storeKind:    s.Store.Kind,
+		storeURL:     s.Store.URL,
 		defs:         map[string]*definition{},
 		semaphores:   map[string]int{},
 	}
@@ -97,6 +100,7 @@ func compile(c *governor.Controls, prev *config, clk clock.Clock, m *metrics.Met
 			if d.pool = c.Pools.Get(pd.Pool); d.pool == nil {
 				return nil, fmt.Errorf("scheduler.definitions.%s.pool: undefined pool %q", name, pd.Pool)
 			}
+			d.poolCfg, _ = p.PoolByName(pd.Pool)
 		}
 		if pd.Retry != nil && pd.Retry.Count > 0 {
 			var old *definition

@@ -135,6 +135,7 @@ type harness struct {
 	m       *metrics.Metrics
 	wrap    func(*harness, fasthttp.RequestHandler) fasthttp.RequestHandler
 	dataDir string // set: the scheduler opens its own bbolt store there
+	lease   time.Duration
 }
 
 type harnessOpt func(*harness)
@@ -148,6 +149,9 @@ func withStore(st store.Store) harnessOpt { return func(h *harness) { h.st = st 
 func withWrap(f func(*harness, fasthttp.RequestHandler) fasthttp.RequestHandler) harnessOpt {
 	return func(h *harness) { h.wrap = f }
 }
+
+// withLease sets the claim lease of a scheduler on a shared store.
+func withLease(d time.Duration) harnessOpt { return func(h *harness) { h.lease = d } }
 
 // withDataDir lets the scheduler open the bbolt store of the policy in dir.
 func withDataDir(dir string) harnessOpt { return func(h *harness) { h.dataDir = dir } }
@@ -187,7 +191,7 @@ func newHarness(t *testing.T, yaml string, opts ...harnessOpt) *harness {
 	if h.st == nil && h.dataDir == "" {
 		h.st = store.NewMemory()
 	}
-	h.sched = New(Options{Clock: h.clk, Metrics: h.m, Store: h.st, DataDir: h.dataDir})
+	h.sched = New(Options{Clock: h.clk, Metrics: h.m, Store: h.st, DataDir: h.dataDir, Lease: h.lease})
 	if err := h.sched.Apply(context.Background(), c); err != nil {
 		t.Fatal(err)
 	}

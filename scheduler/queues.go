@@ -30,6 +30,15 @@ const maxKeyRows = 100
 func (s *Scheduler) Queues() any {
 	now := s.clk.Now()
 	s.mu.Lock()
+	started, sh := s.started, s.shared
+	s.mu.Unlock()
+	if !started {
+		return []QueueState{}
+	}
+	if sh != nil {
+		return s.sharedQueues(now)
+	}
+	s.mu.Lock()
 	defer s.mu.Unlock()
 	out := []QueueState{}
 	if !s.started {

@@ -26,6 +26,12 @@ func (s *Scheduler) recover(ctx context.Context, c *governor.Controls) error {
 	if err := s.loadCounts(ctx); err != nil {
 		return fmt.Errorf("count runs: %w", err)
 	}
+	if s.shared != nil {
+		// The runs belong to the shared queue, not to this process: runs
+		// another sidecar (or this one's previous life) left admitted are
+		// taken back by the lease sweep, and retry waits by the same sweep.
+		return nil
+	}
 	var starting, running []uint64
 	type wait struct {
 		seq uint64

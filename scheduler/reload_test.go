@@ -2,6 +2,7 @@ package scheduler
 
 import (
 	"context"
+	"net"
 	"strings"
 	"testing"
 
@@ -150,9 +151,17 @@ func value(m prometheus.Metric) float64 {
 	return d.GetCounter().GetValue()
 }
 
-func TestUnsupportedStoreIsAnError(t *testing.T) {
+// A postgres store that cannot be reached at start is an error naming it;
+// nothing is left running.
+func TestUnreachableStoreIsAnError(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	ln.Close() // a port nothing listens on
 	p := policyYAML("http://127.0.0.1:9", `
-  store: { kind: postgres, url: "postgres://127.0.0.1/x" }
+  store: { kind: postgres, url: "postgres://warden@`+addr+`/x?connect_timeout=2" }
   definitions:
     job: {}`, "")
 	pol, err := policy.Parse("p.yaml", []byte(p))
@@ -161,7 +170,7 @@ func TestUnsupportedStoreIsAnError(t *testing.T) {
 	}
 	s := New(Options{DataDir: t.TempDir()})
 	err = s.Apply(context.Background(), governor.New(clock.Real{}, nil, window.NewMemory(clock.Real{})).Apply(pol))
-	if err == nil || !strings.Contains(err.Error(), "postgres is not supported") {
+	if err == nil || !strings.Contains(err.Error(), "run store") || !strings.Contains(err.Error(), addr) {
 		t.Fatalf("Apply with a postgres store: %v", err)
 	}
 	if err := s.Shutdown(context.Background()); err != nil {

@@ -121,6 +121,7 @@ func (s *Scheduler) accepted(a *active) {
 		s.leaseSemaphores(a.sems, a, now+int64(a.leaseTerm()))
 	}
 	s.mu.Unlock()
+	s.leaseSharedPermits(a, now+int64(a.leaseTerm()))
 	if err := s.st.Update(context.Background(), &r, store.Of(store.Starting)); err != nil {
 		if !errors.Is(err, store.ErrConflict) {
 			s.log.Error("record RUNNING", "run", formatID(a.seq), "err", err)
@@ -221,7 +222,12 @@ func (s *Scheduler) requeue(seq uint64) {
 	// already counted by the retry budget.
 	full.Status, full.QueuedAt = store.Queued, now.UnixNano()
 	if err := s.st.Update(context.Background(), &full, store.Of(store.RetryWait)); err != nil {
-		s.log.Error("requeue after retry wait", "run", formatID(seq), "err", err)
+		s.mu.Lock()
+		delete(s.waits, seq)
+		s.mu.Unlock()
+		if !errors.Is(err, store.ErrConflict) { // a shared store's sweep may have requeued it first
+			s.log.Error("requeue after retry wait", "run", formatID(seq), "err", err)
+		}
 		return
 	}
 	s.moved(store.RetryWait, store.Queued)
@@ -233,8 +239,13 @@ func (s *Scheduler) requeue(seq uint64) {
 	s.launch(started)
 }
 
-// enqueueLocked puts a QUEUED run in the index.
+// enqueueLocked puts a QUEUED run in the index; with a shared store it
+// asks for a claim instead (the store is the index).
 func (s *Scheduler) enqueueLocked(r *store.Run) {
+	if s.shared != nil {
+		s.wake()
+		return
+	}
 	dq := s.q.def(r.Name)
 	s.q.push(dq, r.Key, r.Seq, r.Priority, r.QueuedAt)
 	if cfg := s.cfgPtr.Load(); cfg != nil {

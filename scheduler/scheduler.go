@@ -30,6 +30,7 @@ import (
 	"github.com/warden-dev/warden/governor/metrics"
 	"github.com/warden-dev/warden/governor/pool"
 	"github.com/warden-dev/warden/scheduler/store"
+	"github.com/warden-dev/warden/scheduler/store/pgstore"
 )
 
 // Options configure a Scheduler.
@@ -47,6 +48,12 @@ type Options struct {
 	// Deliver, when set, replaces the HTTP delivery to ingress.worker (the
 	// bench uses an in-process worker to measure the gates alone).
 	Deliver DeliverFunc
+	// Owner names this sidecar in a shared (postgres) store; "" picks
+	// host-pid-random.
+	Owner string
+	// Lease is how long a run claimed from a shared store stays with this
+	// sidecar without renewal; 0: DefaultLease.
+	Lease time.Duration
 }
 
 // StoreFile is the bbolt store's file name inside the data directory.
@@ -67,6 +74,7 @@ type Scheduler struct {
 
 	mu         sync.Mutex
 	st         store.Store
+	shared     *shared // set when st is shared by several sidecars: admissions come from its claims
 	ownStore   bool
 	q          *queue
 	sems       map[string]*semaphore
@@ -150,7 +158,10 @@ func (s *Scheduler) Apply(ctx context.Context, c *governor.Controls) error {
 	var keep error
 	if prev != nil && prev.storeKind != cfg.storeKind && s.opts.Store == nil {
 		keep = fmt.Errorf("scheduler.store.kind changed from %s to %s: a restart is needed; runs stay in the %s store until then", prev.storeKind, cfg.storeKind, prev.storeKind)
-		cfg.storeKind = prev.storeKind
+		cfg.storeKind, cfg.storeURL = prev.storeKind, prev.storeURL
+	} else if prev != nil && prev.storeURL != cfg.storeURL && s.opts.Store == nil {
+		keep = errors.New("scheduler.store.url changed: a restart is needed; runs stay in the store opened at start until then")
+		cfg.storeURL = prev.storeURL
 	}
 	now := s.clk.Now()
 	s.mu.Lock()
@@ -169,12 +180,23 @@ func (s *Scheduler) isStarted() bool {
 
 // start opens the store, recovers the runs it holds and starts admitting.
 func (s *Scheduler) start(ctx context.Context, c *governor.Controls, cfg *config) error {
-	st, own, err := s.openStore(cfg)
+	st, own, err := s.openStore(ctx, cfg)
 	if err != nil {
 		return err
 	}
 	s.mu.Lock()
 	s.st, s.ownStore = st, own
+	s.shared = nil
+	if pg, ok := st.(*pgstore.Store); ok {
+		owner, lease := s.opts.Owner, s.opts.Lease
+		if owner == "" {
+			owner = newOwner()
+		}
+		if lease <= 0 {
+			lease = DefaultLease
+		}
+		s.shared = &shared{st: pg, owner: owner, lease: lease}
+	}
 	s.q = newQueue()
 	s.sems = map[string]*semaphore{}
 	s.active = map[uint64]*active{}
@@ -195,11 +217,15 @@ func (s *Scheduler) start(ctx context.Context, c *governor.Controls, cfg *config
 		_ = s.stop(sctx)
 		return fmt.Errorf("recover runs: %w", err)
 	}
+	if s.shared != nil {
+		s.startShared()
+		s.log.Info("run store shared through postgres", "owner", s.shared.owner, "schema", s.shared.st.Schema(), "lease", s.shared.lease)
+	}
 	s.admitAndLaunch()
 	return nil
 }
 
-func (s *Scheduler) openStore(cfg *config) (store.Store, bool, error) {
+func (s *Scheduler) openStore(ctx context.Context, cfg *config) (store.Store, bool, error) {
 	if s.opts.Store != nil {
 		return s.opts.Store, false, nil
 	}
@@ -216,8 +242,16 @@ func (s *Scheduler) openStore(cfg *config) (store.Store, bool, error) {
 			return nil, false, err
 		}
 		return st, true, nil
+	case "postgres":
+		ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		defer cancel()
+		st, err := pgstore.Open(ctx, cfg.storeURL)
+		if err != nil {
+			return nil, false, err
+		}
+		return st, true, nil
 	}
-	return nil, false, fmt.Errorf("scheduler.store.kind %s is not supported by this build; use bbolt (the default) or memory", cfg.storeKind)
+	return nil, false, fmt.Errorf("scheduler.store.kind %s is not supported by this build; use bbolt (the default), postgres or memory", cfg.storeKind)
 }
 
 // reconfigureLocked publishes cfg and brings the admission state in line
@@ -292,7 +326,14 @@ func (s *Scheduler) loop() {
 			s.mu.Unlock()
 			clear(batch)
 			s.launch(started)
+			if s.shared != nil {
+				s.claimAndLaunch()
+			}
 		case <-s.kick:
+			if s.shared != nil {
+				s.claimAndLaunch()
+				continue
+			}
 			s.admitAndLaunch()
 		case <-s.quit:
 			// Every sender has finished by now; release what they left.
@@ -334,15 +375,20 @@ func (s *Scheduler) enter() bool {
 
 func (s *Scheduler) leave() { s.calls.Done() }
 
-// Ready reports whether the scheduler serves runs.
+// Ready reports whether the scheduler serves runs: its store is open and,
+// when shared, answers.
 func (s *Scheduler) Ready() error {
 	if s.cfgPtr.Load() == nil {
 		return nil // no scheduler section: nothing to be ready for
 	}
 	s.mu.Lock()
-	defer s.mu.Unlock()
-	if !s.started || s.closed {
+	open, sh := s.started && !s.closed, s.shared
+	s.mu.Unlock()
+	if !open {
 		return errors.New("run store not open")
+	}
+	if sh != nil {
+		return sh.st.Ping(context.Background())
 	}
 	return nil
 }
@@ -421,6 +467,7 @@ func (s *Scheduler) stop(ctx context.Context) error {
 	s.calls.Wait()
 	close(s.quit)
 	<-s.loopDone
+	s.stopShared()
 	s.cancelRuns()
 	s.client.CloseIdleConnections()
 	var err error

@@ -155,6 +155,12 @@ type SemaphoreState struct {
 // Semaphores lists every configured semaphore, for GET /v1/semaphores.
 func (s *Scheduler) Semaphores() any {
 	s.mu.Lock()
+	sh := s.shared
+	s.mu.Unlock()
+	if sh != nil {
+		return s.sharedSemaphores(s.clk.Now())
+	}
+	s.mu.Lock()
 	defer s.mu.Unlock()
 	out := make([]SemaphoreState, 0, len(s.sems))
 	for _, sem := range s.sems {

@@ -2,6 +2,7 @@ package window
 
 import (
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/cespare/xxhash/v2"
@@ -15,12 +16,18 @@ const shardCount = 64 // a power of two; enough to keep two cores off each other
 // Memory is the in-process Counter: sharded open-addressing tables keyed by
 // a 64-bit xxhash of scope and key. A window is 16 bytes inline in the table
 // (hash; end second and count packed in one word), so a lookup touches one
-// cache line and 100,000 tenants fit in about 3 MB — small enough that the
-// table's pages stay in the TLB, which on a VM matters as much as the cache.
-// The key text lives in a cold map read only for listings. Two keys
-// colliding in 64 bits would share a window: at a million live keys the odds
-// are about 1 in 10^7, which a rate limiter accepts in exchange for an
-// allocation-free lookup.
+// cache line and 100,000 tenants fit in about 3 MB. The key text lives in a
+// cold map read only for listings. Two keys colliding in 64 bits would share
+// a window: at a million live keys the odds are about 1 in 10^7, which a rate
+// limiter accepts in exchange for an allocation-free lookup.
+//
+// A take on a known key is lock-free: one compare-and-swap on the window's
+// word, in the cache line the lookup already brought in. A mutex around that
+// would cost a second locked instruction, and on a table larger than the
+// cache each locked instruction waits out the lookup's miss. The shard's
+// mutex is taken only to insert a key or to rebuild the table (growth,
+// sweep); a rebuild marks every old slot moved before publishing the new
+// table, so a take racing with it fails its swap and retries on the new one.
 type Memory struct {
 	clk    clock.Clock
 	shards [shardCount]shard
@@ -28,25 +35,32 @@ type Memory struct {
 }
 
 type shard struct {
-	mu    sync.Mutex
-	slots []slot          // len is a power of two; h == 0 marks an empty slot
-	meta  map[uint64]meta // cold: read only for listings
-	used  int
-	_     [8]byte // keep neighbouring shards' locks on separate cache lines
+	mu   sync.Mutex // inserts and rebuilds; meta
+	tab  atomic.Pointer[table]
+	meta map[uint64]meta // cold: read only for listings
+	used int
+	_    [24]byte // keep neighbouring shards' locks on separate cache lines
+}
+
+type table struct {
+	slots []slot // len is a power of two; h == 0 marks an empty slot
 }
 
 // slot is one window. Window ends are whole seconds (every boundary of
-// every supported size is), so the end fits in 32 bits until 2106 and the
-// count in the other 32: limits are at most 2^31-1 by policy validation.
+// every supported size is), so the end fits in 32 bits until 2106, and the
+// count in 31: limits are at most 2^31-1 by policy validation. The top bit
+// of the low half marks a slot whose table is being replaced.
 type slot struct {
-	h uint64
-	w uint64 // end unix second << 32 | count
+	h atomic.Uint64
+	w atomic.Uint64 // end unix second << 32 | moved << 31 | count
 }
 
-func (e *slot) end() int64   { return int64(e.w >> 32) }
-func (e *slot) count() int64 { return int64(uint32(e.w)) }
-func (e *slot) set(endSec, count int64) {
-	e.w = uint64(endSec)<<32 | uint64(uint32(count))
+const movedBit = 1 << 31
+
+func wEnd(w uint64) int64   { return int64(w >> 32) }
+func wCount(w uint64) int64 { return int64(uint32(w) &^ movedBit) }
+func pack(endSec, count int64) uint64 {
+	return uint64(endSec)<<32 | uint64(uint32(count))&^movedBit
 }
 
 type meta struct {
@@ -60,7 +74,8 @@ const initialSlots = 16
 func NewMemory(clk clock.Clock) *Memory {
 	m := &Memory{clk: clk}
 	for i := range m.shards {
-		m.shards[i].init(initialSlots)
+		m.shards[i].meta = make(map[uint64]meta)
+		m.shards[i].tab.Store(&table{slots: make([]slot, initialSlots)})
 	}
 	return m
 }
@@ -80,51 +95,75 @@ func keyHash(s *Scope, key []byte) uint64 {
 	return h
 }
 
-func (sh *shard) init(n int) {
-	sh.slots = make([]slot, n)
-	if sh.meta == nil {
-		sh.meta = make(map[uint64]meta)
-	}
-	sh.used = 0
-}
-
 // find returns the index of h's slot, or of the empty slot where it would go.
-func (sh *shard) find(h uint64) int {
-	mask := uint64(len(sh.slots) - 1)
+func (t *table) find(h uint64) int {
+	mask := uint64(len(t.slots) - 1)
 	// The shard was chosen by the low bits, so probe from the high ones.
 	i := (h >> 32) & mask
 	for {
-		if c := sh.slots[i].h; c == h || c == 0 {
+		if c := t.slots[i].h.Load(); c == h || c == 0 {
 			return int(i)
 		}
 		i = (i + 1) & mask
 	}
 }
 
-// insert claims the empty slot i for h, growing the table past 3/4 full.
-func (sh *shard) insert(i int, h uint64, s *Scope, key []byte) int {
-	if (sh.used+1)*4 > len(sh.slots)*3 {
-		sh.rehash(len(sh.slots) * 2)
-		i = sh.find(h)
+// get returns h's slot, or nil when h has none.
+func (t *table) get(h uint64) *slot {
+	if e := &t.slots[t.find(h)]; e.h.Load() == h {
+		return e
 	}
-	sh.slots[i].h = h
-	sh.meta[h] = meta{scope: s, key: string(key)}
-	sh.used++
-	return i
+	return nil
 }
 
-// rehash moves every occupied slot into a fresh table of n slots.
-func (sh *shard) rehash(n int) {
-	old := sh.slots
-	sh.init(n)
-	for j := range old {
-		if old[j].h == 0 {
+// slotLocked returns h's slot in the current table, inserting it (and
+// growing the table past 3/4 full) when missing. sh.mu must be held.
+func (sh *shard) slotLocked(h uint64, s *Scope, key []byte) *slot {
+	t := sh.tab.Load()
+	i := t.find(h)
+	if t.slots[i].h.Load() == h {
+		return &t.slots[i]
+	}
+	if (sh.used+1)*4 > len(t.slots)*3 {
+		t = sh.rebuildLocked(len(t.slots)*2, -1)
+		i = t.find(h)
+	}
+	t.slots[i].h.Store(h)
+	sh.meta[h] = meta{scope: s, key: string(key)}
+	sh.used++
+	return &t.slots[i]
+}
+
+// rebuildLocked replaces the table with one of n slots holding every
+// window of the old one that ends after dropBefore (unix seconds; -1 keeps
+// all). Each old slot is marked moved as it is copied, so that a lock-free
+// take still working on the old table fails and retries on the new one.
+func (sh *shard) rebuildLocked(n int, dropBefore int64) *table {
+	old := sh.tab.Load()
+	t := &table{slots: make([]slot, n)}
+	used := 0
+	for j := range old.slots {
+		e := &old.slots[j]
+		h := e.h.Load()
+		if h == 0 {
 			continue
 		}
-		i := sh.find(old[j].h)
-		sh.slots[i] = old[j]
-		sh.used++
+		w := e.w.Load()
+		for !e.w.CompareAndSwap(w, w|movedBit) {
+			w = e.w.Load()
+		}
+		if wEnd(w) <= dropBefore {
+			delete(sh.meta, h)
+			continue
+		}
+		ne := &t.slots[t.find(h)]
+		ne.h.Store(h)
+		ne.w.Store(w &^ movedBit)
+		used++
 	}
+	sh.used = used
+	sh.tab.Store(t)
+	return t
 }
 
 func (m *Memory) lookup(s *Scope, key []byte) (*shard, uint64) {
@@ -132,37 +171,68 @@ func (m *Memory) lookup(s *Scope, key []byte) (*shard, uint64) {
 	return &m.shards[h&(shardCount-1)], h
 }
 
+// take applies one take to e: it returns the count after it, whether it
+// was allowed, the window's end, and false when e was moved to a new table
+// (nothing was done; retry there).
+func take(e *slot, curEnd, limit, n int64) (count int64, allowed bool, endSec int64, ok bool) {
+	for {
+		w := e.w.Load()
+		if w&movedBit != 0 {
+			return 0, false, 0, false
+		}
+		count, endSec = wCount(w), wEnd(w)
+		if endSec < curEnd {
+			// The old window expired (or the slot is new): a fresh full
+			// allowance in the window holding now.
+			count, endSec = 0, curEnd
+		}
+		// endSec > curEnd: a request stamped just before a boundary got here
+		// after one stamped just after it: count it in the newer window
+		// rather than wind the window back.
+		if count+n > limit {
+			if endSec == wEnd(w) {
+				return count, false, endSec, true // refused: nothing to write
+			}
+			if e.w.CompareAndSwap(w, pack(endSec, count)) {
+				return count, false, endSec, true
+			}
+			continue
+		}
+		if e.w.CompareAndSwap(w, pack(endSec, count+n)) {
+			return count + n, true, endSec, true
+		}
+	}
+}
+
 // Take implements Counter.
 func (m *Memory) Take(s *Scope, key []byte, limit, n int64, now time.Time) Decision {
 	cur := m.spans.current(s.Window, now)
 	sh, h := m.lookup(s, key)
 	d := Decision{Limit: limit, start: cur.start, end: cur.end, loc: now.Location()}
-	sh.mu.Lock()
-	i := sh.find(h)
-	if sh.slots[i].h == 0 {
-		i = sh.insert(i, h, s, key)
+	for {
+		if e := sh.tab.Load().get(h); e != nil {
+			if count, ok, endSec, done := take(e, cur.endSec, limit, n); done {
+				d.Count, d.Allowed = count, ok
+				if endSec > cur.endSec {
+					d.end = endSec * int64(time.Second)
+				}
+				return d
+			}
+		}
+		// A new key, or a table being rebuilt: the lock waits the rebuild
+		// out, and nothing can move the slot while it is held.
+		sh.mu.Lock()
+		e := sh.slotLocked(h, s, key)
+		count, ok, endSec, done := take(e, cur.endSec, limit, n)
+		sh.mu.Unlock()
+		if done {
+			d.Count, d.Allowed = count, ok
+			if endSec > cur.endSec {
+				d.end = endSec * int64(time.Second)
+			}
+			return d
+		}
 	}
-	e := &sh.slots[i]
-	count, endSec := e.count(), e.end()
-	switch {
-	case endSec < cur.endSec:
-		// The old window expired (or the slot is new): a fresh full
-		// allowance in the window holding now.
-		count, endSec = 0, cur.endSec
-	case endSec > cur.endSec:
-		// A request stamped just before a boundary reached the lock after
-		// one stamped just after it: count it in the newer window rather
-		// than wind the window back.
-		d.end = endSec * int64(time.Second)
-	}
-	if count+n <= limit {
-		count += n
-		d.Allowed = true
-	}
-	e.set(endSec, count)
-	sh.mu.Unlock()
-	d.Count = count
-	return d
 }
 
 // Peek implements Counter.
@@ -171,13 +241,30 @@ func (m *Memory) Peek(s *Scope, key []byte, limit int64) Decision {
 	cur := m.spans.current(s.Window, now)
 	sh, h := m.lookup(s, key)
 	d := Decision{Limit: limit, start: cur.start, end: cur.end, loc: now.Location()}
-	sh.mu.Lock()
-	if e := &sh.slots[sh.find(h)]; e.h != 0 && e.end() >= cur.endSec {
-		d.Count = e.count()
+	// A moved slot still holds the value it was copied with: good enough
+	// for a look that changes nothing.
+	if e := sh.tab.Load().get(h); e != nil {
+		if w := e.w.Load(); wEnd(w) >= cur.endSec {
+			d.Count = wCount(w)
+		}
 	}
-	sh.mu.Unlock()
 	d.Allowed = d.Count < limit
 	return d
+}
+
+// update applies f to h's window under the shard lock (no rebuild can run,
+// so no slot is moved), swapping so that lock-free takes are not lost.
+func (sh *shard) update(h uint64, f func(w uint64) uint64) {
+	sh.mu.Lock()
+	if e := sh.tab.Load().get(h); e != nil {
+		for {
+			w := e.w.Load()
+			if e.w.CompareAndSwap(w, f(w)) {
+				break
+			}
+		}
+	}
+	sh.mu.Unlock()
 }
 
 // Refund implements Counter.
@@ -187,29 +274,33 @@ func (m *Memory) Refund(s *Scope, key []byte, start time.Time, n int64) {
 	if !now.Before(end) {
 		return // that window is over; a later one never gets credit
 	}
+	endSec := end.Unix()
 	sh, h := m.lookup(s, key)
-	sh.mu.Lock()
-	if e := &sh.slots[sh.find(h)]; e.h != 0 && e.end() == end.Unix() {
-		e.set(end.Unix(), max(e.count()-n, 0))
-	}
-	sh.mu.Unlock()
+	sh.update(h, func(w uint64) uint64 {
+		if wEnd(w) != endSec {
+			return w
+		}
+		return pack(endSec, max(wCount(w)-n, 0))
+	})
 }
 
 // Reset implements Counter.
 func (m *Memory) Reset(s *Scope, key []byte) {
 	sh, h := m.lookup(s, key)
-	sh.mu.Lock()
-	if e := &sh.slots[sh.find(h)]; e.h != 0 {
-		e.set(e.end(), 0)
-	}
-	sh.mu.Unlock()
+	sh.update(h, func(w uint64) uint64 { return pack(wEnd(w), 0) })
 }
 
 // ResetScope implements Counter.
 func (m *Memory) ResetScope(s *Scope) {
 	m.each(func(e *slot, md meta) {
-		if md.scope.hash == s.hash {
-			e.set(e.end(), 0)
+		if md.scope.hash != s.hash {
+			return
+		}
+		for {
+			w := e.w.Load()
+			if e.w.CompareAndSwap(w, pack(wEnd(w), 0)) {
+				return
+			}
 		}
 	})
 }
@@ -220,12 +311,13 @@ func (m *Memory) Usage(s *Scope) []Usage {
 	nowSec := now.Unix()
 	var out []Usage
 	m.each(func(e *slot, md meta) {
-		if md.scope.hash != s.hash || e.end() <= nowSec {
+		w := e.w.Load()
+		if md.scope.hash != s.hash || wEnd(w) <= nowSec {
 			return
 		}
-		end := time.Unix(e.end(), 0).In(now.Location())
+		end := time.Unix(wEnd(w), 0).In(now.Location())
 		start, _ := Bounds(end.Add(-time.Nanosecond), s.Window)
-		out = append(out, Usage{Scope: s.Name, Window: s.Window, Key: md.key, Count: e.count(), Start: start, End: end})
+		out = append(out, Usage{Scope: s.Name, Window: s.Window, Key: md.key, Count: wCount(w), Start: start, End: end})
 	})
 	return out
 }
@@ -238,24 +330,20 @@ func (m *Memory) Sweep() int {
 	for i := range m.shards {
 		sh := &m.shards[i]
 		sh.mu.Lock()
-		expired := 0
-		for j := range sh.slots {
-			if e := &sh.slots[j]; e.h != 0 && e.end() <= nowSec {
-				delete(sh.meta, e.h)
-				*e = slot{}
-				expired++
+		live := 0
+		for j, t := 0, sh.tab.Load(); j < len(t.slots); j++ {
+			if e := &t.slots[j]; e.h.Load() != 0 && wEnd(e.w.Load()) > nowSec {
+				live++
 			}
 		}
-		if expired > 0 {
+		if expired := sh.used - live; expired > 0 {
 			// Linear probing cannot just blank a slot without breaking the
-			// probe chains behind it: the blanked slots are dropped by
-			// rebuilding the shard, off the hot path.
-			sh.used -= expired
+			// probe chains behind it: the table is rebuilt without them.
 			size := initialSlots
-			for sh.used*4 > size*3 {
+			for live*4 > size*3 {
 				size *= 2
 			}
-			sh.rehash(size)
+			sh.rebuildLocked(size, nowSec)
 			dropped += expired
 		}
 		sh.mu.Unlock()
@@ -279,9 +367,10 @@ func (m *Memory) each(f func(*slot, meta)) {
 	for i := range m.shards {
 		sh := &m.shards[i]
 		sh.mu.Lock()
-		for j := range sh.slots {
-			if e := &sh.slots[j]; e.h != 0 {
-				f(e, sh.meta[e.h])
+		t := sh.tab.Load()
+		for j := range t.slots {
+			if e := &t.slots[j]; e.h.Load() != 0 {
+				f(e, sh.meta[e.h.Load()])
 			}
 		}
 		sh.mu.Unlock()

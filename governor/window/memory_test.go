@@ -2,10 +2,13 @@ package window
 
 import (
 	"strconv"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/warden-dev/warden/governor/clock"
+	"github.com/warden-dev/warden/policy"
 )
 
 var noon = time.Date(2026, 1, 5, 12, 0, 0, 0, time.UTC)
@@ -235,5 +238,65 @@ func TestLateStampedTakeDoesNotRewindWindow(t *testing.T) {
 	}
 	if m.Take(s, []byte("k"), 2, 1, after).Allowed {
 		t.Fatal("third take admitted: the late-stamped one rewound the window")
+	}
+}
+
+// Takes on known keys run without the shard lock while inserts grow the
+// table and Sweep rebuilds it: no take may be lost or counted twice, and no
+// window may pass its limit.
+func TestConcurrentTakesAcrossRebuilds(t *testing.T) {
+	start := time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
+	clk := clock.NewFake(start.Add(2 * time.Second))
+	m := NewMemory(clk)
+	hot := NewScope("hot", policy.WindowMinute)
+	cold := NewScope("cold", policy.WindowSecond)
+	// Cold keys in the hot key's shard, in one-second windows already over
+	// by the clock's time: each insert may grow the shard's table and each
+	// sweep rebuilds it, while the hot key is being taken.
+	shardOf := func(s *Scope, k []byte) uint64 { return keyHash(s, k) & (shardCount - 1) }
+	var coldKeys [][]byte
+	for i := 0; len(coldKeys) < 400; i++ {
+		if k := []byte(strconv.Itoa(i)); shardOf(cold, k) == shardOf(hot, []byte("k")) {
+			coldKeys = append(coldKeys, k)
+		}
+	}
+	const workers, perWorker, limit = 4, 5000, 12000
+	var allowed atomic.Int64
+	var wg sync.WaitGroup
+	for w := range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range perWorker {
+				if m.Take(hot, []byte("k"), limit, 1, start).Allowed {
+					allowed.Add(1)
+				}
+				if i%4 == w {
+					m.Take(cold, coldKeys[(i/4)%len(coldKeys)], 1, 1, start)
+				}
+			}
+		}()
+	}
+	stop := make(chan struct{})
+	swept := make(chan struct{})
+	go func() {
+		defer close(swept)
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+				m.Sweep()
+			}
+		}
+	}()
+	wg.Wait()
+	close(stop)
+	<-swept
+	if got := allowed.Load(); got != limit {
+		t.Fatalf("allowed %d takes of %d with limit %d, want exactly the limit", got, workers*perWorker, limit)
+	}
+	if d := m.Peek(hot, []byte("k"), limit); d.Count != limit {
+		t.Fatalf("window holds %d, want %d", d.Count, limit)
 	}
 }

@@ -116,15 +116,26 @@ func (e *Egress) Apply(ctx context.Context, c *governor.Controls) error {
 		e.pools.Retain(func(string) bool { return false })
 		return nil
 	}
-	tb, err := e.build(c)
-	if err != nil {
-		return err
-	}
+	// Bind before building: building replaces connection pools whose
+	// settings changed, which must not happen for a reload that then fails
+	// because the new address is taken. Until the table below is stored
+	// the new listener serves with the current one.
+	var ln *listener.Listener
 	if e.ln == nil || e.addr != eg.HTTPListen {
-		ln, err := listener.Start(eg.HTTPListen, listener.ProxyServer(e.serve, e.opts.Log), e.opts.Log)
-		if err != nil {
+		var err error
+		if ln, err = listener.Start(eg.HTTPListen, listener.ProxyServer(e.serve, e.opts.Log), e.opts.Log); err != nil {
 			return fmt.Errorf("egress: %w", err)
 		}
+	}
+	tb, err := e.build(c)
+	if err != nil {
+		if ln != nil {
+			e.drains.Add(1)
+			go func() { defer e.drains.Done(); drain(e.drainCtx, ln, e.opts.Log) }()
+		}
+		return err
+	}
+	if ln != nil {
 		old := e.ln
 		e.ln, e.addr = ln, eg.HTTPListen
 		if old != nil {

@@ -70,6 +70,7 @@ func (e *Egress) exchange(ctx *fasthttp.RequestCtx, x *exchange, pool *connpool.
 		keep = RetryBodyMax
 	}
 	x.req.Header = h
+	x.req.Cancel = ctx.Done() // a drain stops waits for an upstream connection
 	buffered, err := x.body.Prepare(ctx, &x.req, keep)
 	if err != nil {
 		x.adm.Ticket.Done(breaker.Neutral)

@@ -1,6 +1,8 @@
 package egress
 
 import (
+	"context"
+	"net"
 	"strings"
 	"sync"
 	"testing"
@@ -92,5 +94,35 @@ func TestReloadAppliesToDynamicPools(t *testing.T) {
 		if r := <-ch; r.status != 200 {
 			t.Fatalf("held request: %+v", r)
 		}
+	}
+}
+
+// TestFailedRebindKeepsPools: a reload that moves the listener to an
+// address already taken fails as a whole — in particular the target's
+// connection pool, whose settings the reload also changed, is not replaced
+// under the table still in use.
+func TestFailedRebindKeepsPools(t *testing.T) {
+	up := fasttest.StartUpstream(t, func(ctx *fasthttp.RequestCtx) { ctx.WriteString("ok") })
+	taken, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer taken.Close()
+	yaml := egressPolicy("  allow_unlisted: false", "targets:\n"+target("api", []string{"api.test"}, "http://"+up.Addr, "max_connections: 4"))
+	f := start(t, yaml, nil)
+	old := f.eg.table.Load().byHost["api.test"].fixed
+	moved := strings.Replace(strings.Replace(yaml, "max_connections: 4", "max_connections: 8", 1),
+		"http_listen: 127.0.0.1:0", "http_listen: "+taken.Addr().String(), 1)
+	if err := f.eg.Apply(context.Background(), f.gov.Load(t, moved)); err == nil {
+		t.Fatal("a reload onto a taken address succeeded")
+	}
+	if f.eg.table.Load().byHost["api.test"].fixed != old {
+		t.Fatal("the failed reload swapped the table")
+	}
+	if r := f.do(t, "GET", "http://api.test/", nil); r.status != 200 || r.body != "ok" {
+		t.Fatalf("after the failed reload: %+v", r)
+	}
+	if old.Stats().Open == 0 {
+		t.Fatal("the request did not go through the table's pool")
 	}
 }

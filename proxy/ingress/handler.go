@@ -137,6 +137,7 @@ func (g *Ingress) forward(ctx *fasthttp.RequestCtx, rt *policyState, f httpwire.
 	x := exchanges.Get().(*exchange)
 	x.target, x.start = rt.target, ctx.Time()
 	x.req.Header = h
+	x.req.Cancel = ctx.Done() // a drain stops waits for a worker connection
 	if _, err := x.body.Prepare(ctx, &x.req, 0); err != nil {
 		respond.Error(ctx, fasthttp.StatusBadRequest, err.Error())
 		x.code = fasthttp.StatusBadRequest

@@ -1,7 +1,7 @@
 // Package store keeps scheduler runs durably. The Store interface is the
 // seam between the scheduler and where runs live: the embedded bbolt file in
 // --data-dir (the default), an in-memory map for tests and benchmarks, and
-// later a Postgres table shared by several sidecars.
+// a Postgres table shared by several sidecars (package pgstore).
 //
 // Every state change of a run is one store operation: Submit creates a run
 // (QUEUED, or STARTING when it is admitted at once), Start records an
@@ -16,11 +16,11 @@
 // maps to one statement (INSERT … ON CONFLICT for idempotency keys, UPDATE …
 // WHERE status = ANY($from) RETURNING), so the in-process admitter can work
 // over it unchanged while lanes and semaphores stay per sidecar. To share
-// the admission decision too, the Postgres store would add a claim
-// operation — SELECT the next admissible runs FOR UPDATE SKIP LOCKED,
-// checking the gates in the same transaction, and return them already
-// STARTING — which the scheduler then delivers exactly as it delivers what
-// its own admitter picked.
+// the admission decision too, the Postgres store adds a claim operation
+// (pgstore.Store.Claim) — SELECT the next admissible runs FOR UPDATE SKIP
+// LOCKED, checking the gates in the same transaction, and return them
+// already STARTING — which the scheduler then delivers exactly as it
+// delivers what its own admitter picked (scheduler/shared.go).
 package store
 
 import (

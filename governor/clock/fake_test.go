@@ -1,0 +1,116 @@
+package clock
+
+import (
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+var t0 = time.Date(2026, 3, 8, 12, 0, 0, 0, time.UTC)
+
+// fired drains what has fired on t's channel, without waiting.
+func fired(t Timer) (time.Time, bool) {
+	select {
+	case at := <-t.C():
+		return at, true
+	default:
+		return time.Time{}, false
+	}
+}
+
+func TestFakeTimers(t *testing.T) {
+	tests := []struct {
+		name    string
+		arm     time.Duration
+		steps   []time.Duration // Advance calls
+		stop    bool            // Stop before advancing
+		reset   time.Duration   // Reset to this after arming, when non-zero
+		want    bool
+		wantAt  time.Duration // the clock reading delivered, from t0
+		wantNow time.Duration
+	}{
+		{name: "not yet due", arm: time.Second, steps: []time.Duration{999 * time.Millisecond}, want: false, wantNow: 999 * time.Millisecond},
+		{name: "due exactly", arm: time.Second, steps: []time.Duration{time.Second}, want: true, wantAt: time.Second, wantNow: time.Second},
+		{name: "overshoot reads the deadline", arm: time.Second, steps: []time.Duration{5 * time.Second}, want: true, wantAt: time.Second, wantNow: 5 * time.Second},
+		{name: "in steps", arm: time.Second, steps: []time.Duration{600 * time.Millisecond, 600 * time.Millisecond}, want: true, wantAt: time.Second, wantNow: 1200 * time.Millisecond},
+		{name: "stopped never fires", arm: time.Second, stop: true, steps: []time.Duration{time.Minute}, want: false, wantNow: time.Minute},
+		{name: "reset later", arm: time.Second, reset: 3 * time.Second, steps: []time.Duration{2 * time.Second}, want: false, wantNow: 2 * time.Second},
+		{name: "reset fires at new deadline", arm: time.Second, reset: 3 * time.Second, steps: []time.Duration{4 * time.Second}, want: true, wantAt: 3 * time.Second, wantNow: 4 * time.Second},
+		{name: "zero fires at once", arm: 0, want: true, wantAt: 0, wantNow: 0},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			c := NewFake(t0)
+			tm := c.NewTimer(tc.arm)
+			if tc.stop && !tm.Stop() {
+				t.Fatal("Stop of an armed timer reported it inactive")
+			}
+			if tc.reset != 0 && !tm.Reset(tc.reset) {
+				t.Fatal("Reset of an armed timer reported it inactive")
+			}
+			for _, d := range tc.steps {
+				c.Advance(d)
+			}
+			at, ok := fired(tm)
+			if ok != tc.want {
+				t.Fatalf("fired = %v, want %v", ok, tc.want)
+			}
+			if ok && !at.Equal(t0.Add(tc.wantAt)) {
+				t.Fatalf("fired reading %v, want %v", at.Sub(t0), tc.wantAt)
+			}
+			if got := c.Now().Sub(t0); got != tc.wantNow {
+				t.Fatalf("clock at %v, want %v", got, tc.wantNow)
+			}
+		})
+	}
+}
+
+// Timers fire in deadline order, and an AfterFunc sees the clock at its
+// own deadline even when one Advance passes several.
+func TestFakeFiresInOrder(t *testing.T) {
+	c := NewFake(t0)
+	seen := make(chan time.Duration, 3)
+	for _, d := range []time.Duration{3 * time.Second, time.Second, 2 * time.Second} {
+		c.AfterFunc(d, func() { seen <- d })
+	}
+	if n := c.Timers(); n != 3 {
+		t.Fatalf("%d timers armed, want 3", n)
+	}
+	c.Advance(10 * time.Second)
+	got := map[time.Duration]bool{}
+	for range 3 {
+		got[<-seen] = true
+	}
+	if len(got) != 3 || c.Timers() != 0 {
+		t.Fatalf("fired %v, %d still armed", got, c.Timers())
+	}
+	// Channel timers fire synchronously and in order.
+	a, b := c.NewTimer(2*time.Second), c.NewTimer(time.Second)
+	c.Advance(2 * time.Second)
+	at, _ := fired(a)
+	bt, _ := fired(b)
+	if !bt.Before(at) {
+		t.Fatalf("later deadline fired first: %v then %v", bt, at)
+	}
+}
+
+// TimerArmed lets a test wait for code under test to start waiting.
+func TestFakeTimerArmed(t *testing.T) {
+	c := NewFake(t0)
+	armed := c.TimerArmed()
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		<-c.NewTimer(time.Minute).C()
+	}()
+	<-armed
+	c.Advance(time.Minute)
+	<-done
+	c.Set(t0) // never backwards
+	if !c.Now().Equal(t0.Add(time.Minute)) {
+		t.Fatalf("Set moved the clock back to %v", c.Now())
+	}
+}
