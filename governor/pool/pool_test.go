@@ -44,6 +44,24 @@ func waitQueued(t *testing.T, p *Pool, n int) {
 	}
 }
 
+// mustTry takes a slot without waiting, failing the test when refused.
+func mustTry(t *testing.T, p *Pool, now time.Time) Lease {
+	t.Helper()
+	l, control, ok := p.TryAcquire(now)
+	if !ok {
+		t.Fatalf("refused by %s", control)
+	}
+	return l
+}
+
+// refusedBy fails the test unless TryAcquire is refused by control.
+func refusedBy(t *testing.T, p *Pool, now time.Time, control string) {
+	t.Helper()
+	if _, got, ok := p.TryAcquire(now); ok || got != control {
+		t.Fatalf("TryAcquire: ok=%v control=%q, want refused by %s", ok, got, control)
+	}
+}
+
 func rejection(t *testing.T, err error) *Rejection {
 	t.Helper()
 	var r *Rejection
@@ -291,13 +309,8 @@ func TestRefundResetAndReload(t *testing.T) {
 	s := newSet(clk, cfg)
 	p := s.Get("p")
 
-	l, _, ok := p.TryAcquire(clk.Now())
-	if !ok {
-		t.Fatal("first TryAcquire refused")
-	}
-	if _, control, ok := p.TryAcquire(clk.Now()); ok || control != ControlRate {
-		t.Fatalf("second TryAcquire ok=%v control=%s", ok, control)
-	}
+	l := mustTry(t, p, clk.Now())
+	refusedBy(t, p, clk.Now(), ControlRate)
 	l.Release()
 	l.Refund()
 	third, _, ok := p.TryAcquire(clk.Now())

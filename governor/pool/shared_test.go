@@ -308,13 +308,8 @@ func TestSharedOnFreeForRemoteRelease(t *testing.T) {
 		default:
 		}
 	})
-	held, _, ok := a.TryAcquire(time.Now())
-	if !ok {
-		t.Fatal("first sidecar refused")
-	}
-	if _, control, ok := b.TryAcquire(time.Now()); ok || control != ControlConcurrency {
-		t.Fatalf("second sidecar: ok=%v control=%s while the first holds the only slot", ok, control)
-	}
+	held := mustTry(t, a, time.Now())
+	refusedBy(t, b, time.Now(), ControlConcurrency) // the first sidecar holds the only slot
 	held.Release()
 	deadline := time.After(10 * time.Second)
 	for {
