@@ -136,42 +136,44 @@ func TestConcurrencyNeverExceeded(t *testing.T) {
 // Rate 3 per minute from 12:00:17: three start, the rest wait and are
 // released at 12:01:00 (seed 002).
 func TestRateWaitersReleasedAtBoundary(t *testing.T) {
-	clk := clock.NewFake(t0)
-	p := newSet(clk, policy.Pool{Name: "p", Rate: 3, Window: 60, Queue: 10, MaxWait: time.Hour}).Get("p")
-	for i := 0; i < 3; i++ {
-		if _, err := p.Acquire(context.Background(), 0, clk.Now()); err != nil {
-			t.Fatal(err)
-		}
-	}
-	admitted := make(chan time.Time, 5)
-	var wg sync.WaitGroup
-	for i := 0; i < 5; i++ {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			if _, err := p.Acquire(context.Background(), 0, clk.Now()); err == nil {
-				admitted <- clk.Now()
+	eachBackend(t, func(t *testing.T, newSet func(clk *clock.Fake, pools ...policy.Pool) *Set) {
+		clk := clock.NewFake(t0)
+		p := newSet(clk, policy.Pool{Name: "p", Rate: 3, Window: 60, Queue: 10, MaxWait: time.Hour}).Get("p")
+		for i := 0; i < 3; i++ {
+			if _, err := p.Acquire(context.Background(), 0, clk.Now()); err != nil {
+				t.Fatal(err)
 			}
-		}()
-	}
-	waitQueued(t, p, 5)
-	clk.Set(time.Date(2026, 1, 5, 12, 0, 59, 0, time.UTC))
-	if len(admitted) != 0 {
-		t.Fatal("waiter admitted before the boundary")
-	}
-	clk.Set(time.Date(2026, 1, 5, 12, 1, 0, 0, time.UTC))
-	for i := 0; i < 3; i++ {
-		at := <-admitted
-		if at.Before(time.Date(2026, 1, 5, 12, 1, 0, 0, time.UTC)) {
-			t.Fatalf("admitted at %v", at)
 		}
-	}
-	waitQueued(t, p, 2)
-	clk.Advance(time.Minute)
-	wg.Wait()
-	if len(admitted) != 2 {
-		t.Fatalf("%d admitted in the third window, want 2", len(admitted))
-	}
+		admitted := make(chan time.Time, 5)
+		var wg sync.WaitGroup
+		for i := 0; i < 5; i++ {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				if _, err := p.Acquire(context.Background(), 0, clk.Now()); err == nil {
+					admitted <- clk.Now()
+				}
+			}()
+		}
+		waitQueued(t, p, 5)
+		clk.Set(time.Date(2026, 1, 5, 12, 0, 59, 0, time.UTC))
+		if len(admitted) != 0 {
+			t.Fatal("waiter admitted before the boundary")
+		}
+		clk.Set(time.Date(2026, 1, 5, 12, 1, 0, 0, time.UTC))
+		for i := 0; i < 3; i++ {
+			at := <-admitted
+			if at.Before(time.Date(2026, 1, 5, 12, 1, 0, 0, time.UTC)) {
+				t.Fatalf("admitted at %v", at)
+			}
+		}
+		waitQueued(t, p, 2)
+		clk.Advance(time.Minute)
+		wg.Wait()
+		if len(admitted) != 2 {
+			t.Fatalf("%d admitted in the third window, want 2", len(admitted))
+		}
+	})
 }
 
 func TestMaxWaitNamesTheBlockingGate(t *testing.T) {
@@ -228,42 +230,44 @@ func TestQueueFull(t *testing.T) {
 }
 
 func TestPriorityThenAge(t *testing.T) {
-	clk := clock.NewFake(t0)
-	p := newSet(clk, policy.Pool{Name: "p", Concurrency: 1, Queue: 10, MaxWait: time.Hour}).Get("p")
-	holder, _ := p.Acquire(context.Background(), 0, clk.Now())
-	order := make(chan string, 4)
-	var wg sync.WaitGroup
-	enqueue := func(name string, prio, n int) {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			l, err := p.Acquire(context.Background(), prio, clk.Now())
-			if err != nil {
-				t.Error(err)
-				return
-			}
-			order <- name
-			l.Release()
-		}()
-		waitQueued(t, p, n)
-	}
-	enqueue("low-old", 0, 1)
-	enqueue("high-old", 5, 2)
-	enqueue("low-new", 0, 3)
-	enqueue("high-new", 5, 4)
-	holder.Release()
-	wg.Wait()
-	close(order)
-	var got []string
-	for s := range order {
-		got = append(got, s)
-	}
-	want := []string{"high-old", "high-new", "low-old", "low-new"}
-	for i := range want {
-		if got[i] != want[i] {
-			t.Fatalf("order %v, want %v", got, want)
+	eachBackend(t, func(t *testing.T, newSet func(clk *clock.Fake, pools ...policy.Pool) *Set) {
+		clk := clock.NewFake(t0)
+		p := newSet(clk, policy.Pool{Name: "p", Concurrency: 1, Queue: 10, MaxWait: time.Hour}).Get("p")
+		holder, _ := p.Acquire(context.Background(), 0, clk.Now())
+		order := make(chan string, 4)
+		var wg sync.WaitGroup
+		enqueue := func(name string, prio, n int) {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				l, err := p.Acquire(context.Background(), prio, clk.Now())
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				order <- name
+				l.Release()
+			}()
+			waitQueued(t, p, n)
 		}
-	}
+		enqueue("low-old", 0, 1)
+		enqueue("high-old", 5, 2)
+		enqueue("low-new", 0, 3)
+		enqueue("high-new", 5, 4)
+		holder.Release()
+		wg.Wait()
+		close(order)
+		var got []string
+		for s := range order {
+			got = append(got, s)
+		}
+		want := []string{"high-old", "high-new", "low-old", "low-new"}
+		for i := range want {
+			if got[i] != want[i] {
+				t.Fatalf("order %v, want %v", got, want)
+			}
+		}
+	})
 }
 
 func TestCancelledWaiterLeavesQueue(t *testing.T) {

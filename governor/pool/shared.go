@@ -133,7 +133,7 @@ func (p *Pool) acquireShared(ctx context.Context, priority int, now time.Time) (
 		p.mu.Unlock()
 		return Lease{}, p.queueFull(now)
 	}
-	p.armSharedLocked(now)
+	p.armSharedLocked(p.clk.Now())
 	// A slot that freed between our refusal and our joining the queue
 	// found nobody to wake: serve the queue now rather than at the tick.
 	raced := tried && p.sh.freed != freed
@@ -159,7 +159,7 @@ func (p *Pool) tryAcquireShared(now time.Time) (Lease, string, bool) {
 		// Subscribers (the scheduler) wait outside the queue: keep them
 		// posted about slots other sidecars free.
 		if len(p.onFree) > 0 {
-			p.armSharedLocked(now)
+			p.armSharedLocked(p.clk.Now())
 		}
 		p.mu.Unlock()
 	}
@@ -226,12 +226,19 @@ func (p *Pool) dispatchShared() {
 
 // armSharedLocked schedules the next retry of whoever waits: at the
 // window's end when the rate gate refused, after SharedRetryEvery when the
-// concurrency gate did (or the backend was down).
+// concurrency gate did (or the backend was down). now must be the clock's
+// current time, not an admission's (which may predate the boundary).
 func (p *Pool) armSharedLocked(now time.Time) {
 	if len(p.waiters) == 0 && len(p.onFree) == 0 {
 		return
 	}
-	if p.sh.blocked == ControlRate && p.sh.blockedEnd.After(now) {
+	if p.sh.blocked == ControlRate && !p.sh.blockedEnd.IsZero() {
+		if !p.sh.blockedEnd.After(now) {
+			// The window ended while the refusal was on its way back:
+			// its boundary timer may have fired already. Retry now.
+			p.clk.AfterFunc(0, p.dispatch)
+			return
+		}
 		p.armWindowLocked(p.sh.blockedEnd, now)
 		return
 	}

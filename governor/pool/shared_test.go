@@ -24,13 +24,36 @@ import (
 // (its own batcher, renewals, holder names) on the common Redis and prefix.
 func sidecar(t *testing.T, url, prefix string, clk clock.Clock, failClosed bool, cfg policy.Pool) (*Pool, *window.Redis) {
 	t.Helper()
+	r := redisCounter(t, url, prefix, clk, failClosed)
+	return NewSet([]policy.Pool{cfg}, r, clk, nil).Get(cfg.Name), r
+}
+
+// redisCounter is a Redis counter closed with the test. Generous
+// deadlines: exact counts must not depend on a busy machine never
+// stalling 100 ms (outages here are stopped servers, refusing at once).
+func redisCounter(t *testing.T, url, prefix string, clk clock.Clock, failClosed bool) *window.Redis {
+	t.Helper()
 	r, err := window.NewRedis(window.RedisConfig{Config: redisx.Config{URL: url, FailClosed: failClosed,
 		DialTimeout: 5 * time.Second, ReadTimeout: 5 * time.Second, WriteTimeout: 5 * time.Second}, Prefix: prefix}, clk, nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { r.Close() })
-	return NewSet([]policy.Pool{cfg}, r, clk, nil).Get(cfg.Name), r
+	return r
+}
+
+// eachBackend runs a pool test on the in-process counter and on Redis
+// (shared pools: leases, unlocked admissions, their own dispatcher): the
+// queue's rules must not depend on where the gates are counted.
+func eachBackend(t *testing.T, run func(t *testing.T, newSet func(clk *clock.Fake, pools ...policy.Pool) *Set)) {
+	t.Run("memory", func(t *testing.T) { run(t, newSet) })
+	t.Run("redis", func(t *testing.T) {
+		url := testenv.RedisURL(t)
+		prefix := redistest.Prefix(t, url)
+		run(t, func(clk *clock.Fake, pools ...policy.Pool) *Set {
+			return NewSet(pools, redisCounter(t, url, prefix, clk, false), clk, nil)
+		})
+	})
 }
 
 // nearNow is a fake-clock start in the real present, 10 s into a minute:
