@@ -4,11 +4,10 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"math"
 	"strconv"
 	"sync"
 	"time"
-
-	"github.com/redis/go-redis/v9"
 )
 
 // DefaultLeaseTTL is how long a lease lives without renewal: the time a
@@ -165,14 +164,18 @@ func (c *Client) renew() {
 // clock and for callers that know renewals were missed.
 func (c *Client) RenewNow() { c.renew() }
 
-// LeaseHolders reads how many unexpired holders the set key has at now
-// (operation "peek").
+// LeaseHolders reads how many unexpired holders the set key has at now. It
+// is a check-only admission in the batcher, so it is ordered after every
+// release this process queued before it: a caller that released and then
+// asks sees its own release.
 func (c *Client) LeaseHolders(key string, now time.Time) (int64, error) {
-	var n int64
-	err := c.Call("peek", func(ctx context.Context, rdb *redis.Client) error {
-		var err error
-		n, err = rdb.ZCount(ctx, key, "("+strconv.FormatInt(now.UnixMilli(), 10), "+inf").Result()
-		return err
-	})
-	return n, err
+	op := GetOp()
+	defer PutOp(op)
+	op.AddLease(key, "", math.MaxInt64, now, time.Second)
+	op.CheckOnly()
+	if err := c.Admit(op); err != nil {
+		return 0, err
+	}
+	n, _ := op.Result(0)
+	return n, nil
 }
