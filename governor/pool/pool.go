@@ -152,16 +152,21 @@ func (p *Pool) RefundAt(start time.Time) {
 // flight whether or not the pool has room, and it must be counted so that
 // new admissions wait for it.
 func (p *Pool) Resume() Lease {
+	var held window.Held
+	if p.shared != nil {
+		held = p.resumeShared()
+	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.cfg.Concurrency <= 0 {
+		held.Release(nil)
 		return Lease{}
 	}
 	p.inFlight++
 	if p.gInFlight != nil {
 		p.gInFlight.Set(float64(p.inFlight))
 	}
-	return Lease{p: p, slot: true}
+	return Lease{p: p, slot: true, held: held}
 }
 
 // WindowStart is when the rate window the lease was counted in began; the

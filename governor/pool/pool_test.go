@@ -354,37 +354,39 @@ func TestRefundResetAndReload(t *testing.T) {
 // Recovery after a restart has no Lease: it refunds by the persisted window
 // start, and only while that window lasts.
 func TestRefundAtAndResume(t *testing.T) {
-	clk := clock.NewFake(t0)
-	p := newSet(clk, policy.Pool{Name: "p", Rate: 1, Window: 60, Concurrency: 1}).Get("p")
-	l, _, ok := p.TryAcquire(clk.Now())
-	if !ok {
-		t.Fatal("first TryAcquire refused")
-	}
-	start := l.WindowStart()
-	l.Release()
-	p.RefundAt(start.Add(-time.Minute)) // another window: no credit
-	if _, control, ok := p.TryAcquire(clk.Now()); ok || control != ControlRate {
-		t.Fatalf("refund of another window gave credit: ok=%v control=%s", ok, control)
-	}
-	p.RefundAt(start)
-	again, _, ok := p.TryAcquire(clk.Now())
-	if !ok {
-		t.Fatal("RefundAt did not return the slot of its window")
-	}
-	again.Release()
+	eachBackend(t, func(t *testing.T, newSet func(clk *clock.Fake, pools ...policy.Pool) *Set) {
+		clk := clock.NewFake(t0)
+		p := newSet(clk, policy.Pool{Name: "p", Rate: 1, Window: 60, Concurrency: 1}).Get("p")
+		l, _, ok := p.TryAcquire(clk.Now())
+		if !ok {
+			t.Fatal("first TryAcquire refused")
+		}
+		start := l.WindowStart()
+		l.Release()
+		p.RefundAt(start.Add(-time.Minute)) // another window: no credit
+		if _, control, ok := p.TryAcquire(clk.Now()); ok || control != ControlRate {
+			t.Fatalf("refund of another window gave credit: ok=%v control=%s", ok, control)
+		}
+		p.RefundAt(start)
+		again, _, ok := p.TryAcquire(clk.Now())
+		if !ok {
+			t.Fatal("RefundAt did not return the slot of its window")
+		}
+		again.Release()
 
-	clk.Advance(43 * time.Second) // next window
-	held := p.Resume()
-	if snap := p.Snapshot(clk.Now()); snap.InFlight != 1 || snap.Count != 0 {
-		t.Fatalf("Resume: %+v, want one in flight and no rate slot taken", snap)
-	}
-	if _, control, ok := p.TryAcquire(clk.Now()); ok || control != ControlConcurrency {
-		t.Fatalf("resumed work did not hold its slot: ok=%v control=%s", ok, control)
-	}
-	held.Release()
-	if _, _, ok := p.TryAcquire(clk.Now()); !ok {
-		t.Fatal("released resumed slot not reusable")
-	}
+		clk.Advance(43 * time.Second) // next window
+		held := p.Resume()
+		if snap := p.Snapshot(clk.Now()); snap.InFlight != 1 || snap.Count != 0 {
+			t.Fatalf("Resume: %+v, want one in flight and no rate slot taken", snap)
+		}
+		if _, control, ok := p.TryAcquire(clk.Now()); ok || control != ControlConcurrency {
+			t.Fatalf("resumed work did not hold its slot: ok=%v control=%s", ok, control)
+		}
+		held.Release()
+		if _, _, ok := p.TryAcquire(clk.Now()); !ok {
+			t.Fatal("released resumed slot not reusable")
+		}
+	})
 }
 
 // The scheduler waits outside the pool and relies on OnFree at the boundary.

@@ -3,6 +3,7 @@ package pool
 import (
 	"container/heap"
 	"context"
+	"math"
 	"time"
 
 	"github.com/warden-dev/warden/governor/clock"
@@ -111,6 +112,23 @@ func (p *Pool) take(now time.Time) (Lease, string, bool) {
 		l.slot = true
 	}
 	return l, "", true
+}
+
+// resumeShared adds a lease for work already running (Resume), whatever
+// the set holds: the work is in flight, so other sidecars must count it.
+// With Redis unavailable the slot is this sidecar's only (zero Held).
+func (p *Pool) resumeShared() window.Held {
+	p.mu.Lock()
+	conc, set := p.cfg.Concurrency, p.leaseSetLocked()
+	p.mu.Unlock()
+	if conc <= 0 {
+		return window.Held{}
+	}
+	res, err := p.shared.TakeLeased(nil, nil, 0, 0, set, math.MaxInt64, p.clk.Now())
+	if err != nil {
+		return window.Held{}
+	}
+	return res.Lease
 }
 
 func (p *Pool) acquireShared(ctx context.Context, priority int, now time.Time) (Lease, error) {

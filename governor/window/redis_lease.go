@@ -77,7 +77,8 @@ func LeaseSet(prefix, kind, name string) string {
 // TakeLeased is one shared admission: a lease in the set (a LeaseSet key
 // under the current Prefix), which holds at most conc unexpired leases, and n from key's window of at most
 // rate, taken together or not at all, in one round trip (the batched admit
-// script). conc 0 means no concurrency gate, rate 0 no rate gate. Leases
+// script). conc 0 means no concurrency gate, rate 0 no rate gate (s and
+// key are then unused). Leases
 // expire after the client's LeaseTTL unless renewed, which the client does
 // for every lease it handed out until Held.Release.
 func (r *Redis) TakeLeased(s *Scope, key []byte, rate, n int64, set string, conc int64, now time.Time) (Leased, error) {
