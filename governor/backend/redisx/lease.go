@@ -7,6 +7,7 @@ import (
 	"math"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -28,7 +29,7 @@ type leaseRef struct{ key, holder string }
 // one call per lease; releases travel in the admission batches.
 type leases struct {
 	id  string // this client's holder prefix, random per process
-	seq uint64
+	seq atomic.Uint64
 
 	mu   sync.Mutex
 	held map[leaseRef]struct{}
@@ -46,12 +47,7 @@ func (c *Client) LeaseTTL() time.Duration { return c.cfg.LeaseTTL }
 // NewHolder returns a holder name unique to this process and call, for a
 // lease gate: process id (random) and a sequence number.
 func (c *Client) NewHolder() string {
-	l := c.l
-	l.mu.Lock()
-	l.seq++
-	n := l.seq
-	l.mu.Unlock()
-	return l.id + ":" + strconv.FormatUint(n, 36)
+	return c.l.id + ":" + strconv.FormatUint(c.l.seq.Add(1), 36)
 }
 
 // Hold registers a lease that an admission took (a lease gate that was
@@ -72,7 +68,9 @@ func (c *Client) Held() int {
 // Release stops renewing the lease and removes it from its set. The
 // removal is an op of its own in the admission batcher, queued without
 // waiting: it never blocks on Redis, yet an admission this process makes
-// after Release returns is queued behind it, so it sees the slot free (a
+// after Release returns is queued behind it and, with one sender (the
+// default Senders), sent in the same or a later batch, so it sees the slot
+// free (a
 // caller that runs requests one after another through a pool of
 // concurrency 1 is never refused by its own previous request). done (may
 // be nil) runs once Redis applied the removal or it failed (the lease then
