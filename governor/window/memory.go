@@ -21,10 +21,11 @@ const shardCount = 64 // a power of two; enough to keep two cores off each other
 // a window: at a million live keys the odds are about 1 in 10^7, which a rate
 // limiter accepts in exchange for an allocation-free lookup.
 //
-// A take on a known key is lock-free: one compare-and-swap on the window's
-// word, in the cache line the lookup already brought in. A mutex around that
-// would cost a second locked instruction, and on a table larger than the
-// cache each locked instruction waits out the lookup's miss. The shard's
+// A take on a known key is lock-free: one atomic add on the window's word
+// (a compare-and-swap when the window rolls over), in the cache line the
+// lookup already brought in; a refusal of a full window writes nothing. A
+// mutex around that would cost a second locked instruction, and on a table
+// larger than the cache each locked instruction waits out the lookup's miss. The shard's
 // mutex is taken only to insert a key or to rebuild the table (growth,
 // sweep); a rebuild marks every old slot moved before publishing the new
 // table, so a take racing with it fails its swap and retries on the new one.
@@ -175,8 +176,10 @@ func (m *Memory) lookup(s *Scope, key []byte) (*shard, uint64) {
 }
 
 // take applies one take to e: it returns the count after it, whether it
-// was allowed, the window's end, and false when e was moved to a new table
-// (nothing was done; retry there).
+// was allowed, the window's end, and ok false when e was moved to a new
+// table: nothing was counted there (retry), unless endSec is non-zero —
+// then the take was refused but the moved copy counts it, and the caller
+// must give it back in the new table.
 func take(e *slot, curEnd, limit, n int64) (count int64, allowed bool, endSec int64, ok bool) {
 	for {
 		w := e.w.Load()
@@ -184,6 +187,31 @@ func take(e *slot, curEnd, limit, n int64) (count int64, allowed bool, endSec in
 			return 0, false, 0, false
 		}
 		count, endSec = wCount(w), wEnd(w)
+		if endSec >= curEnd && count+n <= limit && limit < addLimit {
+			// The window is current and has room: add without a
+			// compare-and-swap, which under contention fails and retries
+			// while an add cannot fail.
+			nw := e.w.Add(uint64(n))
+			switch {
+			case nw&movedBit != 0:
+				// Landed in a table being replaced after its copy was
+				// made: nothing was counted there; retry.
+				return 0, false, 0, false
+			case wCount(nw) <= limit:
+				return wCount(nw), true, wEnd(nw), true
+			}
+			// Others took the room first: give the take back. A refused
+			// take is visible for the moment between the two adds, which
+			// may refuse a concurrent take too: the error is on the side
+			// of the limit.
+			if e.w.Add(-uint64(n))&movedBit != 0 {
+				// A rebuild copied the window between the two adds, with
+				// this take in it: the caller gives it back in the new
+				// table.
+				return wCount(nw) - n, false, wEnd(nw), false
+			}
+			return wCount(nw) - n, false, wEnd(nw), true
+		}
 		if endSec < curEnd {
 			// The old window expired (or the slot is new): a fresh full
 			// allowance in the window holding now.
@@ -207,35 +235,36 @@ func take(e *slot, curEnd, limit, n int64) (count int64, allowed bool, endSec in
 	}
 }
 
+// addLimit bounds the limits take may count with a plain add: concurrent
+// adds can carry a window's count past its limit for a moment, and below
+// 2^30 no number of them reaches the moved bit.
+const addLimit = 1 << 30
+
 // Take implements Counter.
 func (m *Memory) Take(s *Scope, key []byte, limit, n int64, now time.Time) Decision {
 	cur := m.spans.current(s.Window, now)
 	sh, h := m.lookup(s, key)
 	d := Decision{Limit: limit, start: cur.start, end: cur.end, loc: now.Location()}
-	for {
-		if e := sh.tab.Load().get(h); e != nil {
-			if count, ok, endSec, done := take(e, cur.endSec, limit, n); done {
-				d.Count, d.Allowed = count, ok
-				if endSec > cur.endSec {
-					d.end = endSec * int64(time.Second)
-				}
-				return d
-			}
+	var count, endSec int64
+	var ok, done bool
+	if e := sh.tab.Load().get(h); e != nil {
+		if count, ok, endSec, done = take(e, cur.endSec, limit, n); !done && endSec != 0 {
+			sh.giveBack(h, endSec, n)
+			done = true
 		}
+	}
+	if !done {
 		// A new key, or a table being rebuilt: the lock waits the rebuild
 		// out, and nothing can move the slot while it is held.
 		sh.mu.Lock()
-		e := sh.slotLocked(h, s, key)
-		count, ok, endSec, done := take(e, cur.endSec, limit, n)
+		count, ok, endSec, _ = take(sh.slotLocked(h, s, key), cur.endSec, limit, n)
 		sh.mu.Unlock()
-		if done {
-			d.Count, d.Allowed = count, ok
-			if endSec > cur.endSec {
-				d.end = endSec * int64(time.Second)
-			}
-			return d
-		}
 	}
+	d.Count, d.Allowed = count, ok
+	if endSec > cur.endSec {
+		d.end = endSec * int64(time.Second)
+	}
+	return d
 }
 
 // Peek implements Counter.
@@ -270,6 +299,16 @@ func (sh *shard) update(h uint64, f func(w uint64) uint64) {
 	sh.mu.Unlock()
 }
 
+// giveBack removes n takes from h's window ending at endSec.
+func (sh *shard) giveBack(h uint64, endSec, n int64) {
+	sh.update(h, func(w uint64) uint64 {
+		if wEnd(w) != endSec {
+			return w
+		}
+		return pack(endSec, max(wCount(w)-n, 0))
+	})
+}
+
 // Refund implements Counter.
 func (m *Memory) Refund(s *Scope, key []byte, start time.Time, n int64) {
 	_, end := Bounds(start, s.Window)
@@ -277,14 +316,8 @@ func (m *Memory) Refund(s *Scope, key []byte, start time.Time, n int64) {
 	if !now.Before(end) {
 		return // that window is over; a later one never gets credit
 	}
-	endSec := end.Unix()
 	sh, h := m.lookup(s, key)
-	sh.update(h, func(w uint64) uint64 {
-		if wEnd(w) != endSec {
-			return w
-		}
-		return pack(endSec, max(wCount(w)-n, 0))
-	})
+	sh.giveBack(h, end.Unix(), n)
 }
 
 // Reset implements Counter.
