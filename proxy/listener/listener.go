@@ -1,8 +1,10 @@
-// Package listener runs one fasthttp server on one address for a proxy
-// component, and drains it: Shutdown stops accepting, lets in-flight
-// requests finish until the context's deadline, then closes whatever is
-// left. Hijacked connections (CONNECT tunnels) are the hijacker's to
-// track.
+// Package listener runs one server on one address for a proxy component
+// (fasthttp: Start; net/http: StartHTTP), and drains it: Shutdown stops
+// accepting, lets in-flight requests finish until the context's deadline,
+// then closes whatever is left. Hijacked connections (CONNECT tunnels) are
+// the hijacker's to track. A Slot keeps a component's server across
+// reloads: it binds a moved address, drains the replaced server in the
+// background, and waits for those drains on shutdown.
 package listener
 
 import (
