@@ -81,10 +81,10 @@ func (l *Listener) Shutdown(ctx context.Context) error {
 	return err
 }
 
-// WaitDrains waits for the background drains of replaced listeners until
+// waitDrains waits for the background drains of replaced listeners until
 // ctx ends, then cancels them (cutting what they still serve) and waits for
 // them to return.
-func WaitDrains(ctx context.Context, wg *sync.WaitGroup, cancel context.CancelFunc) {
+func waitDrains(ctx context.Context, wg *sync.WaitGroup, cancel context.CancelFunc) {
 	done := make(chan struct{})
 	go func() { wg.Wait(); close(done) }()
 	select {

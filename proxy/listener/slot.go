@@ -155,6 +155,6 @@ func (s *Slot) Shutdown(ctx context.Context) error {
 	}
 	s.closed = true
 	err := s.stopLocked(ctx)
-	WaitDrains(ctx, &s.drains, s.cancelDrain)
+	waitDrains(ctx, &s.drains, s.cancelDrain)
 	return err
 }
