@@ -9,7 +9,6 @@ package egress
 import (
 	"context"
 	"crypto/tls"
-	"errors"
 	"log/slog"
 	"sync"
 	"sync/atomic"
@@ -42,9 +41,8 @@ type Egress struct {
 
 	table atomic.Pointer[table]
 
-	slot     *listener.Slot
-	mu       sync.Mutex // serialises Apply and Shutdown
-	shutdown bool
+	slot *listener.Slot
+	mu   sync.Mutex // serialises Apply and Shutdown
 
 	tunnels tunnels
 }
@@ -89,8 +87,8 @@ func (e *Egress) Ready() error { return e.slot.Ready(e.table.Load() != nil) }
 func (e *Egress) Apply(ctx context.Context, c *governor.Controls) error {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	if e.shutdown {
-		return errors.New("egress is shut down")
+	if err := e.slot.Err(); err != nil {
+		return err
 	}
 	eg := c.Policy.Egress
 	if eg == nil || eg.HTTPListen == "" {
@@ -116,14 +114,9 @@ func (e *Egress) Apply(ctx context.Context, c *governor.Controls) error {
 func (e *Egress) Shutdown(ctx context.Context) error {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	if e.shutdown {
-		return nil
-	}
-	e.shutdown = true
-	err := e.slot.Shutdown(ctx)
-	if terr := e.tunnels.drain(ctx); err == nil {
-		err = terr
-	}
-	e.pools.Close()
-	return err
+	return e.slot.Shutdown(ctx, func() error {
+		err := e.tunnels.drain(ctx)
+		e.pools.Close()
+		return err
+	})
 }

@@ -11,7 +11,6 @@ package grpcegress
 import (
 	"context"
 	"crypto/tls"
-	"errors"
 	"log/slog"
 	"net/http"
 	"sync"
@@ -43,8 +42,7 @@ type Grpc struct {
 	table atomic.Pointer[table]
 
 	slot       *listener.Slot
-	mu         sync.Mutex // serialises Apply and Shutdown
-	shutdown   bool
+	mu         sync.Mutex                 // serialises Apply and Shutdown
 	transports map[string]*http.Transport // by route key, kept across reloads
 }
 
@@ -86,8 +84,8 @@ func (g *Grpc) Ready() error { return g.slot.Ready(g.table.Load() != nil) }
 func (g *Grpc) Apply(ctx context.Context, c *governor.Controls) error {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	if g.shutdown {
-		return errors.New("grpc egress is shut down")
+	if err := g.slot.Err(); err != nil {
+		return err
 	}
 	eg := c.Policy.Egress
 	if eg == nil || eg.GRPCListen == "" {
@@ -122,11 +120,5 @@ func (g *Grpc) retainTransports(keep map[string]bool) {
 func (g *Grpc) Shutdown(ctx context.Context) error {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	if g.shutdown {
-		return nil
-	}
-	g.shutdown = true
-	err := g.slot.Shutdown(ctx)
-	g.retainTransports(nil)
-	return err
+	return g.slot.Shutdown(ctx, func() error { g.retainTransports(nil); return nil })
 }

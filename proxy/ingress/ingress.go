@@ -8,7 +8,6 @@ package ingress
 import (
 	"context"
 	"crypto/tls"
-	"errors"
 	"fmt"
 	"log/slog"
 	"net/url"
@@ -55,7 +54,6 @@ type Ingress struct {
 
 	slot       *listener.Slot
 	mu         sync.Mutex // serialises Apply and Shutdown
-	shutdown   bool
 	workerURL  string
 	workerConf connpool.Config // kept so an unchanged worker keeps its pool
 }
@@ -125,8 +123,8 @@ func (g *Ingress) Ready() error { return g.slot.Ready(g.rt.Load() != nil) }
 func (g *Ingress) Apply(ctx context.Context, c *governor.Controls) error {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	if g.shutdown {
-		return errors.New("ingress is shut down")
+	if err := g.slot.Err(); err != nil {
+		return err
 	}
 	in := c.Policy.Ingress
 	if in == nil {
@@ -191,11 +189,5 @@ func (g *Ingress) workerPool(worker string) (*connpool.Pool, error) {
 func (g *Ingress) Shutdown(ctx context.Context) error {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	if g.shutdown {
-		return nil
-	}
-	g.shutdown = true
-	err := g.slot.Shutdown(ctx)
-	g.pools.Close()
-	return err
+	return g.slot.Shutdown(ctx, func() error { g.pools.Close(); return nil })
 }

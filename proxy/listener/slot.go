@@ -66,6 +66,21 @@ func (s *Slot) Addr() string {
 	return s.cur.Addr().String()
 }
 
+// Err is non-nil once Shutdown has been called: what a reload reports
+// then.
+func (s *Slot) Err() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.errLocked()
+}
+
+func (s *Slot) errLocked() error {
+	if s.closed {
+		return fmt.Errorf("%s is shut down", s.name)
+	}
+	return nil
+}
+
 // Ready reports an error when the component is configured to serve but no
 // server is bound.
 func (s *Slot) Ready(configured bool) error {
@@ -86,8 +101,8 @@ func (s *Slot) Ready(configured bool) error {
 func (s *Slot) Bind(addr string, build func() error) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.closed {
-		return fmt.Errorf("%s is shut down", s.name)
+	if err := s.errLocked(); err != nil {
+		return err
 	}
 	var next Server
 	if s.cur == nil || s.addr != addr {
@@ -146,8 +161,11 @@ func (s *Slot) stopLocked(ctx context.Context) error {
 }
 
 // Shutdown stops the current server, waits for the background drains of
-// replaced ones until ctx ends, then cuts them. Bind fails afterwards.
-func (s *Slot) Shutdown(ctx context.Context) error {
+// replaced ones until ctx ends, then cuts them, and then runs release (the
+// component frees what its requests used, now that none is left). The
+// first error is returned. Only the first call does anything; Bind fails
+// afterwards.
+func (s *Slot) Shutdown(ctx context.Context, release func() error) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.closed {
@@ -156,5 +174,8 @@ func (s *Slot) Shutdown(ctx context.Context) error {
 	s.closed = true
 	err := s.stopLocked(ctx)
 	waitDrains(ctx, &s.drains, s.cancelDrain)
+	if rerr := release(); err == nil {
+		err = rerr
+	}
 	return err
 }

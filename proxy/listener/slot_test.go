@@ -79,9 +79,10 @@ type fixture struct {
 	hold *holder
 	slot *Slot
 
-	mu      sync.Mutex
-	started []*tracked
-	builds  int
+	mu       sync.Mutex
+	started  []*tracked
+	builds   int
+	releases []bool // per release call: whether every server was shut by then
 }
 
 func newFixture(t *testing.T, start func(*holder, *slog.Logger) StartFunc) *fixture {
@@ -103,7 +104,7 @@ func newFixture(t *testing.T, start func(*holder, *slog.Logger) StartFunc) *fixt
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
-		f.slot.Shutdown(ctx)
+		f.slot.Shutdown(ctx, f.release(nil))
 	})
 	t.Cleanup(f.hold.free) // runs first: nothing stays held
 	return f
@@ -131,6 +132,21 @@ func (f *fixture) bind(t *testing.T, addr string) {
 	t.Helper()
 	if err := f.slot.Bind(addr, f.build(nil)); err != nil {
 		t.Fatalf("bind %s: %v", addr, err)
+	}
+}
+
+// release returns a Shutdown release that records its call and fails with
+// err.
+func (f *fixture) release(err error) func() error {
+	return func() error {
+		f.mu.Lock()
+		defer f.mu.Unlock()
+		all := true
+		for _, s := range f.started {
+			all = all && isShut(s)
+		}
+		f.releases = append(f.releases, all)
+		return err
 	}
 }
 
@@ -181,11 +197,7 @@ func mustServe(t *testing.T, addr string) {
 
 func waitShut(t *testing.T, s *tracked) {
 	t.Helper()
-	select {
-	case <-s.shut:
-	case <-time.After(10 * time.Second): // a failure bound
-		t.Fatal("the server was not shut down")
-	}
+	within(t, s.shut, "the server's shutdown")
 }
 
 func isShut(s *tracked) bool {
@@ -197,14 +209,18 @@ func isShut(s *tracked) bool {
 	}
 }
 
-func waitResult(t *testing.T, res <-chan result) result {
+// within receives from ch, failing the test when nothing comes in 10 s.
+func within[T any](t *testing.T, ch <-chan T, what string) T {
 	t.Helper()
+	timeout := time.NewTimer(10 * time.Second) // a failure bound
+	defer timeout.Stop()
 	select {
-	case r := <-res:
-		return r
-	case <-time.After(10 * time.Second): // a failure bound
-		t.Fatal("the held request never ended")
-		return result{}
+	case v := <-ch:
+		return v
+	case <-timeout.C:
+		t.Fatalf("timed out waiting for %s", what)
+		var zero T
+		return zero
 	}
 }
 
@@ -214,8 +230,8 @@ func TestSlot(t *testing.T) {
 		run  func(t *testing.T, f *fixture)
 	}{
 		{"first bind serves", func(t *testing.T, f *fixture) {
-			if f.slot.Addr() != "" || f.slot.Ready(true) == nil {
-				t.Fatal("an empty slot reports an address or readiness")
+			if f.slot.Addr() != "" || f.slot.Ready(true) == nil || f.slot.Err() != nil {
+				t.Fatal("an empty slot reports an address, readiness or shutdown")
 			}
 			f.bind(t, addrA)
 			if f.slot.Addr() == "" || f.builds != 1 || f.starts() != 1 {
@@ -248,7 +264,7 @@ func TestSlot(t *testing.T) {
 				t.Fatal("the old listener was shut with a request in flight")
 			}
 			f.hold.free()
-			if r := waitResult(t, held); r.err != nil || r.status != 200 {
+			if r := within(t, held, "the held request"); r.err != nil || r.status != 200 {
 				t.Fatalf("the request in flight on the old listener: %+v", r)
 			}
 			waitShut(t, f.server(t, 0))
@@ -321,7 +337,7 @@ func TestSlot(t *testing.T) {
 				t.Fatal("the drain ended before its grace")
 			}
 			f.clk.Advance(time.Nanosecond)
-			if r := waitResult(t, held); r.err == nil {
+			if r := within(t, held, "the held request"); r.err == nil {
 				t.Fatalf("the straggler was not cut: %+v", r)
 			}
 			waitShut(t, f.server(t, 0))
@@ -335,16 +351,19 @@ func TestSlot(t *testing.T) {
 			held := f.holdOn(f.slot.Addr())
 			f.bind(t, addrB)
 			done := make(chan error, 1)
-			go func() { done <- f.slot.Shutdown(context.Background()) }()
+			go func() { done <- f.slot.Shutdown(context.Background(), f.release(nil)) }()
 			waitShut(t, f.server(t, 1))
 			f.hold.free()
-			if err := <-done; err != nil {
+			if err := within(t, done, "Shutdown"); err != nil {
 				t.Fatal(err)
 			}
 			if !isShut(f.server(t, 0)) {
 				t.Fatal("Shutdown returned before the replaced listener drained")
 			}
-			if r := waitResult(t, held); r.err != nil || r.status != 200 {
+			if len(f.releases) != 1 || !f.releases[0] {
+				t.Fatalf("release ran %d times, after the drains: %v", len(f.releases), f.releases)
+			}
+			if r := within(t, held, "the held request"); r.err != nil || r.status != 200 {
 				t.Fatalf("the drained request: %+v", r)
 			}
 		}},
@@ -354,23 +373,24 @@ func TestSlot(t *testing.T) {
 			f.bind(t, addrB)
 			ctx, cancel := context.WithCancel(context.Background())
 			done := make(chan error, 1)
-			go func() { done <- f.slot.Shutdown(ctx) }()
+			released := errors.New("release failed")
+			go func() { done <- f.slot.Shutdown(ctx, f.release(released)) }()
 			waitShut(t, f.server(t, 1))
 			cancel()
-			if r := waitResult(t, held); r.err == nil {
+			if r := within(t, held, "the held request"); r.err == nil {
 				t.Fatalf("the straggler was not cut: %+v", r)
 			}
-			if err := <-done; err != nil {
-				t.Fatalf("Shutdown of an idle current listener: %v", err)
+			if err := within(t, done, "Shutdown"); !errors.Is(err, released) {
+				t.Fatalf("Shutdown with an idle current listener and a failing release: %v", err)
 			}
 			if !isShut(f.server(t, 0)) || f.server(t, 0).err == nil {
 				t.Fatal("the replaced listener was not cut")
 			}
-			if err := f.slot.Bind(addrA, f.build(nil)); err == nil || f.starts() != 2 {
+			if err := f.slot.Bind(addrA, f.build(nil)); err == nil || f.slot.Err() == nil || f.starts() != 2 {
 				t.Fatalf("a bind after Shutdown: %v, %d starts", err, f.starts())
 			}
-			if err := f.slot.Shutdown(context.Background()); err != nil {
-				t.Fatalf("a second Shutdown: %v", err)
+			if err := f.slot.Shutdown(context.Background(), f.release(nil)); err != nil || len(f.releases) != 1 {
+				t.Fatalf("a second Shutdown: %v, %d releases", err, len(f.releases))
 			}
 		}},
 	}
