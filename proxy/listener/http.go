@@ -2,8 +2,6 @@ package listener
 
 import (
 	"context"
-	"errors"
-	"fmt"
 	"log/slog"
 	"net"
 	"net/http"
@@ -19,18 +17,11 @@ type HTTP struct {
 
 // StartHTTP listens on addr and serves srv there.
 func StartHTTP(addr string, srv *http.Server, log *slog.Logger) (*HTTP, error) {
-	ln, err := net.Listen("tcp", addr)
+	ln, done, err := serve(addr, srv.Serve, http.ErrServerClosed, log)
 	if err != nil {
-		return nil, fmt.Errorf("listen on %s: %w", addr, err)
+		return nil, err
 	}
-	h := &HTTP{srv: srv, ln: ln, done: make(chan struct{})}
-	go func() {
-		defer close(h.done)
-		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
-			log.Error("listener stopped", "addr", addr, "err", err)
-		}
-	}()
-	return h, nil
+	return &HTTP{srv: srv, ln: ln, done: done}, nil
 }
 
 // Addr is the bound address (useful with port 0).
