@@ -38,7 +38,6 @@ type Slot struct {
 	start StartFunc
 	clk   clock.Clock
 	log   *slog.Logger
-	grace time.Duration
 
 	drains      sync.WaitGroup // replaced servers still draining
 	drainCtx    context.Context
@@ -53,7 +52,7 @@ type Slot struct {
 // NewSlot returns an empty slot whose servers start is called to start.
 func NewSlot(name string, clk clock.Clock, log *slog.Logger, start StartFunc) *Slot {
 	drainCtx, cancel := context.WithCancel(context.Background())
-	return &Slot{name: name, start: start, clk: clk, log: log, grace: DrainGrace, drainCtx: drainCtx, cancelDrain: cancel}
+	return &Slot{name: name, start: start, clk: clk, log: log, drainCtx: drainCtx, cancelDrain: cancel}
 }
 
 // Addr is the bound address of the current server, "" when there is none.
@@ -135,7 +134,7 @@ func (s *Slot) drainInBackground(srv Server) {
 		defer s.drains.Done()
 		ctx, cancel := context.WithCancel(s.drainCtx)
 		defer cancel()
-		t := s.clk.AfterFunc(s.grace, cancel)
+		t := s.clk.AfterFunc(DrainGrace, cancel)
 		defer t.Stop()
 		if err := srv.Shutdown(ctx); err != nil {
 			s.log.Warn(s.name+": listener drained in the background with errors", "addr", srv.Addr().String(), "err", err)
