@@ -30,9 +30,9 @@ const DrainGrace = 30 * time.Second
 
 // Slot is the listener of one proxy component across reloads: the current
 // server, the address it was started for, and the background drains of the
-// servers that reloads replaced. Its methods are safe for concurrent use;
-// Bind's build runs under the slot's lock, so build must not call the
-// slot.
+// servers that reloads replaced. Its methods are safe for concurrent use
+// and serialised: Bind's build and Shutdown's release run under the slot's
+// lock, so they must not call the slot (Addr waits meanwhile).
 type Slot struct {
 	name  string // prefixes errors and log lines, as in "egress: listen on …"
 	start StartFunc
@@ -49,7 +49,8 @@ type Slot struct {
 	closed bool
 }
 
-// NewSlot returns an empty slot whose servers start is called to start.
+// NewSlot returns an empty slot: start starts its servers, clk times the
+// drains of replaced ones, name prefixes its errors and log lines.
 func NewSlot(name string, clk clock.Clock, log *slog.Logger, start StartFunc) *Slot {
 	drainCtx, cancel := context.WithCancel(context.Background())
 	return &Slot{name: name, start: start, clk: clk, log: log, drainCtx: drainCtx, cancelDrain: cancel}
