@@ -9,12 +9,9 @@ package egress
 import (
 	"context"
 	"crypto/tls"
-	"errors"
-	"fmt"
 	"log/slog"
 	"sync"
 	"sync/atomic"
-	"time"
 
 	"github.com/warden-dev/warden/connpool"
 	"github.com/warden-dev/warden/governor"
@@ -44,13 +41,8 @@ type Egress struct {
 
 	table atomic.Pointer[table]
 
-	drains      sync.WaitGroup // replaced listeners still draining
-	drainCtx    context.Context
-	cancelDrain context.CancelFunc
-	mu          sync.Mutex // serialises Apply and Shutdown
-	ln          *listener.Listener
-	addr        string
-	shutdown    bool
+	slot *listener.Slot
+	mu   sync.Mutex // serialises Apply and Shutdown
 
 	tunnels tunnels
 }
@@ -68,102 +60,53 @@ func New(opts Options) *Egress {
 	if base == nil {
 		base = &tls.Config{}
 	}
-	drainCtx, cancel := context.WithCancel(context.Background())
-	return &Egress{
-		drainCtx:    drainCtx,
-		cancelDrain: cancel,
-		opts:        opts,
-		realClock:   realClock,
-		stats:       stats.NewListener("egress", opts.Metrics),
-		pools:       connpool.NewSet(opts.Clock, 0),
-		tlsBase:     base,
-		tunnels:     tunnels{open: map[*tunnel]struct{}{}},
+	e := &Egress{
+		opts:      opts,
+		realClock: realClock,
+		stats:     stats.NewListener("egress", opts.Metrics),
+		pools:     connpool.NewSet(opts.Clock, 0),
+		tlsBase:   base,
+		tunnels:   tunnels{open: map[*tunnel]struct{}{}},
 	}
+	e.slot = listener.NewSlot("egress", opts.Clock, opts.Log, func(addr string) (listener.Server, error) {
+		return listener.Start(addr, listener.ProxyServer(e.serve, opts.Log), opts.Log)
+	})
+	return e
 }
 
 // Name implements the app's Component.
 func (e *Egress) Name() string { return "egress" }
 
 // Addr is the bound listen address, "" when stopped.
-func (e *Egress) Addr() string {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	if e.ln == nil {
-		return ""
-	}
-	return e.ln.Addr().String()
-}
+func (e *Egress) Addr() string { return e.slot.Addr() }
 
 // Ready reports whether the listener serves.
-func (e *Egress) Ready() error {
-	if e.table.Load() != nil && e.Addr() == "" {
-		return errors.New("egress listener not bound")
-	}
-	return nil
-}
+func (e *Egress) Ready() error { return e.slot.Ready(e.table.Load() != nil) }
 
 // Apply starts, reconfigures or stops the HTTP egress for c's policy.
 func (e *Egress) Apply(ctx context.Context, c *governor.Controls) error {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	if e.shutdown {
-		return errors.New("egress is shut down")
+	if err := e.slot.Err(); err != nil {
+		return err
 	}
 	eg := c.Policy.Egress
 	if eg == nil || eg.HTTPListen == "" {
 		e.table.Store(nil)
-		e.stopLocked(ctx)
+		e.slot.Stop(ctx)
 		e.pools.Retain(func(string) bool { return false })
 		return nil
 	}
-	// Bind before building: building replaces connection pools whose
-	// settings changed, which must not happen for a reload that then fails
-	// because the new address is taken. Until the table below is stored
-	// the new listener serves with the current one.
-	var ln *listener.Listener
-	if e.ln == nil || e.addr != eg.HTTPListen {
-		var err error
-		if ln, err = listener.Start(eg.HTTPListen, listener.ProxyServer(e.serve, e.opts.Log), e.opts.Log); err != nil {
-			return fmt.Errorf("egress: %w", err)
-		}
-	}
-	tb, err := e.build(c)
-	if err != nil {
-		if ln != nil {
-			e.drains.Add(1)
-			go func() { defer e.drains.Done(); drain(e.drainCtx, ln, e.opts.Log) }()
-		}
+	// The slot binds a moved address before build replaces the pools whose
+	// settings changed: a reload failing on a taken address keeps them.
+	var tb *table
+	if err := e.slot.Bind(eg.HTTPListen, func() (err error) { tb, err = e.build(c); return err }); err != nil {
 		return err
 	}
-	if ln != nil {
-		old := e.ln
-		e.ln, e.addr = ln, eg.HTTPListen
-		if old != nil {
-			e.drains.Add(1)
-			go func() { defer e.drains.Done(); drain(e.drainCtx, old, e.opts.Log) }()
-		}
-	}
-	tb.self = e.ln.Addr().String()
+	tb.self = e.slot.Addr()
 	e.table.Store(tb)
 	e.pools.Retain(func(k string) bool { return tb.fixedPools[k] })
 	return nil
-}
-
-func drain(parent context.Context, ln *listener.Listener, log *slog.Logger) {
-	ctx, cancel := context.WithTimeout(parent, 30*time.Second)
-	defer cancel()
-	if err := ln.Shutdown(ctx); err != nil {
-		log.Warn("egress: old listener drained with errors", "err", err)
-	}
-}
-
-func (e *Egress) stopLocked(ctx context.Context) error {
-	if e.ln == nil {
-		return nil
-	}
-	ln := e.ln
-	e.ln, e.addr = nil, ""
-	return ln.Shutdown(ctx)
 }
 
 // Shutdown stops accepting, lets in-flight requests and open tunnels
@@ -171,15 +114,9 @@ func (e *Egress) stopLocked(ctx context.Context) error {
 func (e *Egress) Shutdown(ctx context.Context) error {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	if e.shutdown {
-		return nil
-	}
-	e.shutdown = true
-	err := e.stopLocked(ctx)
-	listener.WaitDrains(ctx, &e.drains, e.cancelDrain)
-	if terr := e.tunnels.drain(ctx); err == nil {
-		err = terr
-	}
-	e.pools.Close()
-	return err
+	return e.slot.Shutdown(ctx, func() error {
+		err := e.tunnels.drain(ctx)
+		e.pools.Close()
+		return err
+	})
 }

@@ -11,10 +11,7 @@ package grpcegress
 import (
 	"context"
 	"crypto/tls"
-	"errors"
-	"fmt"
 	"log/slog"
-	"net"
 	"net/http"
 	"sync"
 	"sync/atomic"
@@ -44,16 +41,9 @@ type Grpc struct {
 
 	table atomic.Pointer[table]
 
-	drains      sync.WaitGroup // servers of replaced listeners still draining
-	drainCtx    context.Context
-	cancelDrain context.CancelFunc
-	mu          sync.Mutex // serialises Apply and Shutdown
-	srv         *http.Server
-	ln          net.Listener
-	addr        string
-	done        chan struct{}
-	shutdown    bool
-	transports  map[string]*http.Transport // by route key, kept across reloads
+	slot       *listener.Slot
+	mu         sync.Mutex                 // serialises Apply and Shutdown
+	transports map[string]*http.Transport // by route key, kept across reloads
 }
 
 // New returns a stopped gRPC egress; Apply starts it.
@@ -64,85 +54,51 @@ func New(opts Options) *Grpc {
 	if opts.Log == nil {
 		opts.Log = slog.Default()
 	}
-	drainCtx, cancel := context.WithCancel(context.Background())
-	return &Grpc{opts: opts, stats: stats.NewListener("grpc", opts.Metrics), transports: map[string]*http.Transport{},
-		drainCtx: drainCtx, cancelDrain: cancel}
+	g := &Grpc{opts: opts, stats: stats.NewListener("grpc", opts.Metrics), transports: map[string]*http.Transport{}}
+	g.slot = listener.NewSlot("grpc egress", opts.Clock, opts.Log, g.startServer)
+	return g
+}
+
+// startServer serves h2c (HTTP/2 without TLS) on addr.
+func (g *Grpc) startServer(addr string) (listener.Server, error) {
+	var protos http.Protocols
+	protos.SetUnencryptedHTTP2(true)
+	return listener.StartHTTP(addr, &http.Server{
+		Handler:           http.HandlerFunc(g.serve),
+		Protocols:         &protos,
+		ReadHeaderTimeout: 10 * time.Second,
+		ErrorLog:          slog.NewLogLogger(g.opts.Log.Handler(), slog.LevelDebug),
+	}, g.opts.Log)
 }
 
 // Name implements the app's Component.
 func (g *Grpc) Name() string { return "grpc" }
 
 // Addr is the bound listen address, "" when stopped.
-func (g *Grpc) Addr() string {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	if g.ln == nil {
-		return ""
-	}
-	return g.ln.Addr().String()
-}
+func (g *Grpc) Addr() string { return g.slot.Addr() }
 
 // Ready reports whether the listener serves.
-func (g *Grpc) Ready() error {
-	if g.table.Load() != nil && g.Addr() == "" {
-		return errors.New("grpc listener not bound")
-	}
-	return nil
-}
+func (g *Grpc) Ready() error { return g.slot.Ready(g.table.Load() != nil) }
 
 // Apply starts, reconfigures or stops the gRPC egress for c's policy.
 func (g *Grpc) Apply(ctx context.Context, c *governor.Controls) error {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	if g.shutdown {
-		return errors.New("grpc egress is shut down")
+	if err := g.slot.Err(); err != nil {
+		return err
 	}
 	eg := c.Policy.Egress
 	if eg == nil || eg.GRPCListen == "" {
 		g.table.Store(nil)
-		err := g.stopLocked(ctx)
+		err := g.slot.Stop(ctx)
 		g.retainTransports(nil)
 		return err
 	}
-	tb, err := g.build(c)
-	if err != nil {
+	var tb *table
+	if err := g.slot.Bind(eg.GRPCListen, func() (err error) { tb, err = g.build(c); return err }); err != nil {
 		return err
 	}
-	if g.ln == nil || g.addr != eg.GRPCListen {
-		ln, err := net.Listen("tcp", eg.GRPCListen)
-		if err != nil {
-			return fmt.Errorf("grpc egress: listen on %s: %w", eg.GRPCListen, err)
-		}
-		var protos http.Protocols
-		protos.SetUnencryptedHTTP2(true)
-		srv := &http.Server{
-			Handler:           http.HandlerFunc(g.serve),
-			Protocols:         &protos,
-			ReadHeaderTimeout: 10 * time.Second,
-			ErrorLog:          slog.NewLogLogger(g.opts.Log.Handler(), slog.LevelDebug),
-		}
-		done := make(chan struct{})
-		go func() {
-			defer close(done)
-			if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
-				g.opts.Log.Error("grpc egress stopped", "err", err)
-			}
-		}()
-		oldSrv, oldDone := g.srv, g.done
-		g.srv, g.ln, g.addr, g.done = srv, ln, eg.GRPCListen, done
-		if oldSrv != nil {
-			// Drained in the background with a bounded grace, so a reload
-			// never waits for long calls; Shutdown waits for it.
-			g.drains.Add(1)
-			go func() {
-				defer g.drains.Done()
-				ctx, cancel := context.WithTimeout(g.drainCtx, 30*time.Second)
-				defer cancel()
-				_ = stopServer(ctx, oldSrv, oldDone)
-			}()
-		}
-	}
-	tb.self = g.ln.Addr().String()
+	tb.self = g.slot.Addr()
 	g.table.Store(tb)
 	g.retainTransports(tb.transportKeys)
 	return nil
@@ -159,38 +115,10 @@ func (g *Grpc) retainTransports(keep map[string]bool) {
 	}
 }
 
-func (g *Grpc) stopLocked(ctx context.Context) error {
-	if g.srv == nil {
-		return nil
-	}
-	srv, done := g.srv, g.done
-	g.srv, g.ln, g.addr, g.done = nil, nil, "", nil
-	return stopServer(ctx, srv, done)
-}
-
-// stopServer stops srv accepting, lets its calls finish until ctx ends,
-// then cuts what is left, and waits for its Serve (which closes done) to
-// return.
-func stopServer(ctx context.Context, srv *http.Server, done <-chan struct{}) error {
-	err := srv.Shutdown(ctx)
-	if err != nil {
-		srv.Close()
-	}
-	<-done
-	return err
-}
-
 // Shutdown stops accepting, lets calls in flight finish until ctx ends,
 // then cuts them and closes upstream connections.
 func (g *Grpc) Shutdown(ctx context.Context) error {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	if g.shutdown {
-		return nil
-	}
-	g.shutdown = true
-	err := g.stopLocked(ctx)
-	listener.WaitDrains(ctx, &g.drains, g.cancelDrain)
-	g.retainTransports(nil)
-	return err
+	return g.slot.Shutdown(ctx, func() error { g.retainTransports(nil); return nil })
 }

@@ -517,3 +517,32 @@ func TestShutdownCutsCallsOfAMovedListener(t *testing.T) {
 		t.Fatal("Shutdown returned with a call still running on the old listener")
 	}
 }
+
+// TestFailedRebindBuildsNothing: a reload that moves the listener to an
+// address already taken fails before its routes are built, so it adds no
+// transport for settings it never applied, and calls keep their route.
+func TestFailedRebindBuildsNothing(t *testing.T) {
+	_, addr := startEcho(t)
+	taken, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer taken.Close()
+	yaml := grpcPolicy("  allow_unlisted: false", echoTarget(addr, "max_connections: 4"))
+	f := start(t, yaml)
+	old := f.g.table.Load()
+	moved := strings.Replace(strings.Replace(yaml, "max_connections: 4", "max_connections: 8", 1),
+		"127.0.0.1:0", taken.Addr().String(), 1)
+	if err := f.g.Apply(context.Background(), f.gov.Load(t, moved)); err == nil {
+		t.Fatal("a reload onto a taken address succeeded")
+	}
+	f.g.mu.Lock()
+	transports := len(f.g.transports)
+	f.g.mu.Unlock()
+	if transports != 1 || f.g.table.Load() != old {
+		t.Fatalf("the failed reload left %d transports or swapped the table", transports)
+	}
+	if out, err := f.call(context.Background(), "hi"); err != nil || out != "echo:hi" {
+		t.Fatalf("after the failed reload: %q %v", out, err)
+	}
+}

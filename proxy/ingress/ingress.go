@@ -8,7 +8,6 @@ package ingress
 import (
 	"context"
 	"crypto/tls"
-	"errors"
 	"fmt"
 	"log/slog"
 	"net/url"
@@ -53,15 +52,10 @@ type Ingress struct {
 	rt    atomic.Pointer[policyState]
 	mount atomic.Pointer[mount]
 
-	drains      sync.WaitGroup // replaced listeners still draining
-	drainCtx    context.Context
-	cancelDrain context.CancelFunc
-	mu          sync.Mutex // serialises Apply and Shutdown
-	ln          *listener.Listener
-	addr        string
-	shutdown    bool
-	workerURL   string
-	workerConf  connpool.Config // kept so an unchanged worker keeps its pool
+	slot       *listener.Slot
+	mu         sync.Mutex // serialises Apply and Shutdown
+	workerURL  string
+	workerConf connpool.Config // kept so an unchanged worker keeps its pool
 }
 
 // policyState is what one policy decides for the request path, swapped whole
@@ -88,16 +82,17 @@ func New(opts Options) *Ingress {
 		opts.Log = slog.Default()
 	}
 	_, realClock := opts.Clock.(clock.Real)
-	drainCtx, cancel := context.WithCancel(context.Background())
-	return &Ingress{
-		drainCtx:    drainCtx,
-		cancelDrain: cancel,
-		opts:        opts,
-		realClock:   realClock,
-		ids:         httpwire.NewRequestIDs(),
-		stats:       stats.NewListener("ingress", opts.Metrics),
-		pools:       connpool.NewSet(opts.Clock, 0),
+	g := &Ingress{
+		opts:      opts,
+		realClock: realClock,
+		ids:       httpwire.NewRequestIDs(),
+		stats:     stats.NewListener("ingress", opts.Metrics),
+		pools:     connpool.NewSet(opts.Clock, 0),
 	}
+	g.slot = listener.NewSlot("ingress", opts.Clock, opts.Log, func(addr string) (listener.Server, error) {
+		return listener.Start(addr, listener.ProxyServer(g.serve, opts.Log), opts.Log)
+	})
+	return g
 }
 
 // Name implements the app's Component.
@@ -117,41 +112,41 @@ func (g *Ingress) Mount(prefix string, h fasthttp.RequestHandler) {
 }
 
 // Addr is the bound listen address, "" when stopped.
-func (g *Ingress) Addr() string {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	if g.ln == nil {
-		return ""
-	}
-	return g.ln.Addr().String()
-}
+func (g *Ingress) Addr() string { return g.slot.Addr() }
 
 // Ready reports whether the listener serves.
-func (g *Ingress) Ready() error {
-	if g.Addr() == "" && g.rt.Load() != nil {
-		return errors.New("ingress listener not bound")
-	}
-	return nil
-}
+func (g *Ingress) Ready() error { return g.slot.Ready(g.rt.Load() != nil) }
 
 // Apply starts, reconfigures or stops the ingress for c's policy. A moved
-// listen address binds the new one before the old one is drained.
+// listen address is bound before the worker pool is rebuilt, and the old
+// one drained once the reload has succeeded.
 func (g *Ingress) Apply(ctx context.Context, c *governor.Controls) error {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	if g.shutdown {
-		return errors.New("ingress is shut down")
+	if err := g.slot.Err(); err != nil {
+		return err
 	}
 	in := c.Policy.Ingress
 	if in == nil {
 		g.rt.Store(nil)
-		g.stopLocked(ctx)
+		g.slot.Stop(ctx)
 		g.pools.Retain(func(string) bool { return false })
 		return nil
 	}
-	worker, err := g.workerPool(in.Worker)
-	if err != nil {
+	var rt *policyState
+	if err := g.slot.Bind(in.Listen, func() (err error) { rt, err = g.build(c); return err }); err != nil {
 		return err
+	}
+	g.rt.Store(rt)
+	g.pools.Retain(func(k string) bool { return k == "worker" })
+	return nil
+}
+
+// build returns the request path's state for c's ingress.
+func (g *Ingress) build(c *governor.Controls) (*policyState, error) {
+	worker, err := g.workerPool(c.Policy.Ingress.Worker)
+	if err != nil {
+		return nil, err
 	}
 	rt := &policyState{
 		caps:    c.IngressCaps,
@@ -162,31 +157,7 @@ func (g *Ingress) Apply(ctx context.Context, c *governor.Controls) error {
 	if rt.caps != nil {
 		rt.tenantHeader = strings.ToLower(rt.caps.Header())
 	}
-	if g.ln == nil || g.addr != in.Listen {
-		ln, err := listener.Start(in.Listen, listener.ProxyServer(g.serve, g.opts.Log), g.opts.Log)
-		if err != nil {
-			return fmt.Errorf("ingress: %w", err)
-		}
-		old := g.ln
-		g.ln, g.addr = ln, in.Listen
-		if old != nil {
-			g.drains.Add(1)
-			go func() { defer g.drains.Done(); drain(g.drainCtx, old, g.opts.Log) }()
-		}
-	}
-	g.rt.Store(rt)
-	g.pools.Retain(func(k string) bool { return k == "worker" })
-	return nil
-}
-
-// drain shuts a replaced listener down in the background with a bounded
-// grace, so a reload never waits for long requests; Shutdown waits for it.
-func drain(parent context.Context, ln *listener.Listener, log *slog.Logger) {
-	ctx, cancel := context.WithTimeout(parent, 30*time.Second)
-	defer cancel()
-	if err := ln.Shutdown(ctx); err != nil {
-		log.Warn("ingress: old listener drained with errors", "err", err)
-	}
+	return rt, nil
 }
 
 func (g *Ingress) workerPool(worker string) (*connpool.Pool, error) {
@@ -213,26 +184,10 @@ func (g *Ingress) workerPool(worker string) (*connpool.Pool, error) {
 	return g.pools.Pool("worker", cfg), nil
 }
 
-func (g *Ingress) stopLocked(ctx context.Context) error {
-	if g.ln == nil {
-		return nil
-	}
-	ln := g.ln
-	g.ln, g.addr = nil, ""
-	return ln.Shutdown(ctx)
-}
-
 // Shutdown stops accepting, lets in-flight requests finish until ctx
 // ends, then closes the worker connections.
 func (g *Ingress) Shutdown(ctx context.Context) error {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	if g.shutdown {
-		return nil
-	}
-	g.shutdown = true
-	err := g.stopLocked(ctx)
-	listener.WaitDrains(ctx, &g.drains, g.cancelDrain)
-	g.pools.Close()
-	return err
+	return g.slot.Shutdown(ctx, func() error { g.pools.Close(); return nil })
 }

@@ -518,3 +518,35 @@ func TestReloadMovesListener(t *testing.T) {
 		t.Fatal("listener still bound without an ingress section")
 	}
 }
+
+// TestFailedRebindKeepsWorkerPool: a reload that moves the listener to an
+// address already taken fails as a whole; in particular the worker pool,
+// which the reload's new worker would replace, still serves the running
+// policy.
+func TestFailedRebindKeepsWorkerPool(t *testing.T) {
+	f := start(t, "", func(ctx *fasthttp.RequestCtx) { ctx.WriteString("old worker") })
+	other := fasttest.StartUpstream(t, func(ctx *fasthttp.RequestCtx) { ctx.WriteString("new worker") })
+	taken, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer taken.Close()
+	old := f.in.rt.Load().worker
+	yaml := strings.Replace(policyFor(other.Addr, ""), "127.0.0.1:0", taken.Addr().String(), 1)
+	if err := f.in.Apply(context.Background(), f.gov.Load(t, yaml)); err == nil {
+		t.Fatal("a reload onto a taken address succeeded")
+	}
+	if f.in.rt.Load().worker != old || f.in.Addr() != f.addr {
+		t.Fatal("the failed reload swapped the policy or the listener")
+	}
+	if f.in.pools.Lookup([]byte("worker")) != old {
+		t.Fatal("the failed reload replaced the worker pool")
+	}
+	if resp, body := f.get(t, "/", nil); resp.StatusCode != 200 || body != "old worker" {
+		t.Fatalf("after the failed reload: %d %s", resp.StatusCode, body)
+	}
+	// A closed pool would not keep the connection for reuse.
+	if old.Stats().Open == 0 {
+		t.Fatal("the worker pool no longer keeps its connections")
+	}
+}

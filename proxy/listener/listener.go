@@ -1,8 +1,10 @@
-// Package listener runs one fasthttp server on one address for a proxy
-// component, and drains it: Shutdown stops accepting, lets in-flight
-// requests finish until the context's deadline, then closes whatever is
-// left. Hijacked connections (CONNECT tunnels) are the hijacker's to
-// track.
+// Package listener runs one server on one address for a proxy component
+// (fasthttp: Start; net/http: StartHTTP), and drains it: Shutdown stops
+// accepting, lets in-flight requests finish until the context's deadline,
+// then closes whatever is left. Hijacked connections (CONNECT tunnels) are
+// the hijacker's to track. A Slot keeps a component's server across
+// reloads: it binds a moved address, drains the replaced server in the
+// background, and waits for those drains on shutdown.
 package listener
 
 import (
@@ -30,20 +32,32 @@ type Listener struct {
 // Start listens on addr and serves srv there. srv.ConnState is taken over
 // to track connections.
 func Start(addr string, srv *fasthttp.Server, log *slog.Logger) (*Listener, error) {
-	ln, err := net.Listen("tcp", addr)
-	if err != nil {
-		return nil, fmt.Errorf("listen on %s: %w", addr, err)
-	}
-	l := &Listener{srv: srv, ln: ln, done: make(chan struct{}), log: log, conns: map[net.Conn]struct{}{}}
+	l := &Listener{srv: srv, log: log, conns: map[net.Conn]struct{}{}}
 	srv.ConnState = l.connState
 	srv.CloseOnShutdown = true
+	var err error
+	if l.ln, l.done, err = serve(addr, srv.Serve, net.ErrClosed, log); err != nil {
+		return nil, err
+	}
+	return l, nil
+}
+
+// serve listens on addr and runs serveOn there in a goroutine, logging how
+// it ended unless that is the stopped error; done is closed when it has
+// returned.
+func serve(addr string, serveOn func(net.Listener) error, stopped error, log *slog.Logger) (ln net.Listener, done chan struct{}, err error) {
+	ln, err = net.Listen("tcp", addr)
+	if err != nil {
+		return nil, nil, fmt.Errorf("listen on %s: %w", addr, err)
+	}
+	done = make(chan struct{})
 	go func() {
-		defer close(l.done)
-		if err := srv.Serve(ln); err != nil && !errors.Is(err, net.ErrClosed) {
+		defer close(done)
+		if err := serveOn(ln); err != nil && !errors.Is(err, stopped) {
 			log.Error("listener stopped", "addr", addr, "err", err)
 		}
 	}()
-	return l, nil
+	return ln, done, nil
 }
 
 // Addr is the bound address (useful with port 0).
@@ -79,10 +93,10 @@ func (l *Listener) Shutdown(ctx context.Context) error {
 	return err
 }
 
-// WaitDrains waits for the background drains of replaced listeners until
+// waitDrains waits for the background drains of replaced listeners until
 // ctx ends, then cancels them (cutting what they still serve) and waits for
 // them to return.
-func WaitDrains(ctx context.Context, wg *sync.WaitGroup, cancel context.CancelFunc) {
+func waitDrains(ctx context.Context, wg *sync.WaitGroup, cancel context.CancelFunc) {
 	done := make(chan struct{})
 	go func() { wg.Wait(); close(done) }()
 	select {

@@ -1,0 +1,181 @@
+package listener
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"net"
+	"sync"
+	"time"
+
+	"github.com/warden-dev/warden/governor/clock"
+)
+
+// Server is a server started on one address: a *Listener (fasthttp) or an
+// *HTTP (net/http).
+type Server interface {
+	Addr() net.Addr
+	// Shutdown stops accepting, lets in-flight requests finish until ctx
+	// ends, then cuts what is left; it returns once the server is gone.
+	Shutdown(ctx context.Context) error
+}
+
+// StartFunc starts a component's server on addr. The Server is not used
+// when the error is non-nil, so a typed nil pointer may be returned with it.
+type StartFunc func(addr string) (Server, error)
+
+// DrainGrace bounds how long a listener a reload moved away from keeps
+// serving what it has in flight, so long requests cannot pin it forever.
+const DrainGrace = 30 * time.Second
+
+// Slot is the listener of one proxy component across reloads: the current
+// server, the address it was started for, and the background drains of the
+// servers that reloads replaced. Its methods are safe for concurrent use
+// and serialised: Bind's build and Shutdown's release run under the slot's
+// lock, so they must not call the slot (Addr waits meanwhile).
+type Slot struct {
+	name  string // prefixes errors and log lines, as in "egress: listen on …"
+	start StartFunc
+	clk   clock.Clock
+	log   *slog.Logger
+
+	drains      sync.WaitGroup // replaced servers still draining
+	drainCtx    context.Context
+	cancelDrain context.CancelFunc
+
+	mu     sync.Mutex
+	cur    Server
+	addr   string // as configured, so "127.0.0.1:0" stays bound across reloads
+	closed bool
+}
+
+// NewSlot returns an empty slot: start starts its servers, clk times the
+// drains of replaced ones, name prefixes its errors and log lines.
+func NewSlot(name string, clk clock.Clock, log *slog.Logger, start StartFunc) *Slot {
+	drainCtx, cancel := context.WithCancel(context.Background())
+	return &Slot{name: name, start: start, clk: clk, log: log, drainCtx: drainCtx, cancelDrain: cancel}
+}
+
+// Addr is the bound address of the current server, "" when there is none.
+func (s *Slot) Addr() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.cur == nil {
+		return ""
+	}
+	return s.cur.Addr().String()
+}
+
+// Err is non-nil once Shutdown has been called: what a reload reports
+// then.
+func (s *Slot) Err() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.errLocked()
+}
+
+func (s *Slot) errLocked() error {
+	if s.closed {
+		return fmt.Errorf("%s is shut down", s.name)
+	}
+	return nil
+}
+
+// Ready reports an error when the component is configured to serve but no
+// server is bound.
+func (s *Slot) Ready(configured bool) error {
+	if configured && s.Addr() == "" {
+		return fmt.Errorf("%s listener not bound", s.name)
+	}
+	return nil
+}
+
+// Bind makes addr the slot's address and runs build, the component's
+// reload. A new address is bound before build runs: build replaces
+// resources (connection pools) the running configuration still uses, which
+// must not happen for a reload that then fails because the address is
+// taken. If build fails, the new server is drained and the current one
+// keeps serving; otherwise the new server becomes current and the old one
+// drains in the background. Until then both serve, with whatever handler
+// state the component has.
+func (s *Slot) Bind(addr string, build func() error) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if err := s.errLocked(); err != nil {
+		return err
+	}
+	var next Server
+	if s.cur == nil || s.addr != addr {
+		srv, err := s.start(addr)
+		if err != nil {
+			return fmt.Errorf("%s: %w", s.name, err)
+		}
+		next = srv
+	}
+	if err := build(); err != nil {
+		if next != nil {
+			s.drainInBackground(next)
+		}
+		return err
+	}
+	if next != nil {
+		if s.cur != nil {
+			s.drainInBackground(s.cur)
+		}
+		s.cur, s.addr = next, addr
+	}
+	return nil
+}
+
+// drainInBackground shuts srv down with a bounded grace, so a reload never
+// waits for long requests; Shutdown waits for it.
+func (s *Slot) drainInBackground(srv Server) {
+	s.drains.Add(1)
+	go func() {
+		defer s.drains.Done()
+		ctx, cancel := context.WithCancel(s.drainCtx)
+		defer cancel()
+		t := s.clk.AfterFunc(DrainGrace, cancel)
+		defer t.Stop()
+		if err := srv.Shutdown(ctx); err != nil {
+			s.log.Warn(s.name+": listener drained in the background with errors", "addr", srv.Addr().String(), "err", err)
+		}
+	}()
+}
+
+// Stop shuts the current server down (in-flight requests finish until ctx
+// ends); the slot is empty afterwards and a later Bind starts a new one.
+func (s *Slot) Stop(ctx context.Context) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.stopLocked(ctx)
+}
+
+func (s *Slot) stopLocked(ctx context.Context) error {
+	if s.cur == nil {
+		return nil
+	}
+	srv := s.cur
+	s.cur, s.addr = nil, ""
+	return srv.Shutdown(ctx)
+}
+
+// Shutdown stops the current server, waits for the background drains of
+// replaced ones until ctx ends, then cuts them, and then runs release (the
+// component frees what its requests used, now that none is left). The
+// first error is returned. Only the first call does anything; Bind fails
+// afterwards.
+func (s *Slot) Shutdown(ctx context.Context, release func() error) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return nil
+	}
+	s.closed = true
+	err := s.stopLocked(ctx)
+	waitDrains(ctx, &s.drains, s.cancelDrain)
+	if rerr := release(); err == nil {
+		err = rerr
+	}
+	return err
+}
