@@ -454,7 +454,6 @@ func TestSharedPoolNeverLocksAcrossRedis(t *testing.T) {
 	warm.Release()
 	p.Snapshot(time.Now()) // through the batcher: the release above has landed
 
-
 	proxy.stall()
 	admitted := make(chan bool, 1)
 	go func() {
