@@ -22,7 +22,10 @@ func (w *poolWait) Deadline() (time.Time, bool) { return w.deadline, true }
 
 func (w *poolWait) Done() <-chan struct{} {
 	if w.bounded == nil {
-		w.bounded, w.cancel = context.WithDeadline(w.Context, w.deadline)
+		// Not derived from the RequestCtx itself: the deadline's timer
+		// goroutine would read it (Value, when unlinking from its parent)
+		// possibly after fasthttp recycled it for the next request.
+		w.bounded, w.cancel = context.WithDeadline(doneOnly{w.Context.Done()}, w.deadline)
 	}
 	return w.bounded.Done()
 }
@@ -40,4 +43,21 @@ func (w *poolWait) end() {
 		w.cancel()
 	}
 	*w = poolWait{}
+}
+
+// doneOnly is a context that ends when done closes (the listener's
+// shutdown) and carries nothing else.
+type doneOnly struct{ done <-chan struct{} }
+
+func (d doneOnly) Deadline() (time.Time, bool) { return time.Time{}, false }
+func (d doneOnly) Done() <-chan struct{}       { return d.done }
+func (d doneOnly) Value(any) any               { return nil }
+
+func (d doneOnly) Err() error {
+	select {
+	case <-d.done:
+		return context.Canceled
+	default:
+		return nil
+	}
 }
