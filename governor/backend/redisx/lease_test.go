@@ -180,6 +180,19 @@ func TestLeasesRenewedEveryThirdOfTheLease(t *testing.T) {
 		t.Fatal("not admitted")
 	}
 	c.Hold(set, h)
+	// The renewer arms its timer in its own goroutine: moving the clock
+	// before that would leave the timer a whole period in the future.
+	for {
+		armed := clk.TimerArmed()
+		if clk.Timers() > 0 {
+			break
+		}
+		select {
+		case <-armed:
+		case <-time.After(10 * time.Second):
+			t.Fatal("the renewer never armed its timer")
+		}
+	}
 	want := float64(clk.Now().Add(ttl / 3).Add(ttl).UnixMilli())
 	armed := clk.TimerArmed()
 	clk.Advance(ttl / 3)
