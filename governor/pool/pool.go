@@ -2,6 +2,11 @@
 // and a fixed-window rate gate, the most restrictive winning, with a bounded
 // wait queue served by priority, then age. Pools that share a cap_key share
 // one Pool: one counter, one concurrency limit, one queue.
+//
+// On a Redis counter (backend.kind redis) both gates are shared by every
+// sidecar: the concurrency gate as leases in Redis, admitted together with
+// the rate window in one round trip (shared.go). The queue stays per
+// sidecar.
 package pool
 
 import (
@@ -52,6 +57,10 @@ type Pool struct {
 	key     []byte
 	counter window.Counter
 	clk     clock.Clock
+	// shared is set when the counter is Redis: the pool's gates are then
+	// decided there, both in one round trip, concurrency as leases (see
+	// shared.go), and the pool never holds mu across that round trip.
+	shared *window.Redis
 
 	mu       sync.Mutex
 	cfg      policy.Pool
@@ -61,6 +70,7 @@ type Pool struct {
 	timer    clock.Timer // armed at the window's end while waiters are held by the rate gate
 	timerAt  time.Time
 	onFree   []func()
+	sh       sharedState
 
 	gInFlight, gQueued, gCount prometheus.Gauge
 }
@@ -70,6 +80,10 @@ func newPool(cfg policy.Pool, c window.Counter, clk clock.Clock, m *metrics.Metr
 	p := &Pool{
 		id: id, capKey: cfg.CapKey, cfg: cfg, counter: c, clk: clk,
 		scope: window.NewScope("pool", cfg.Window), key: []byte(id),
+	}
+	if r, ok := c.(*window.Redis); ok {
+		p.shared = r
+		p.sh.freedFn = p.freedShared
 	}
 	if m != nil {
 		p.gInFlight = m.PoolInFlight.WithLabelValues(id)
@@ -93,6 +107,7 @@ type Lease struct {
 	rated     bool // consumed a rate slot
 	windowEnd time.Time
 	start     time.Time
+	held      window.Held // the slot's lease in Redis, when shared
 }
 
 // Release frees the lease's concurrency slot: the response completed.
@@ -101,7 +116,7 @@ func (l *Lease) Release() {
 		return
 	}
 	l.slot = false
-	l.p.release()
+	l.p.release(l.held)
 }
 
 // Refund gives the rate slot back when the admitted work never started (the
@@ -137,16 +152,21 @@ func (p *Pool) RefundAt(start time.Time) {
 // flight whether or not the pool has room, and it must be counted so that
 // new admissions wait for it.
 func (p *Pool) Resume() Lease {
+	var held window.Held
+	if p.shared != nil {
+		held = p.resumeShared()
+	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.cfg.Concurrency <= 0 {
+		held.Release(nil)
 		return Lease{}
 	}
 	p.inFlight++
 	if p.gInFlight != nil {
 		p.gInFlight.Set(float64(p.inFlight))
 	}
-	return Lease{p: p, slot: true}
+	return Lease{p: p, slot: true, held: held}
 }
 
 // WindowStart is when the rate window the lease was counted in began; the
@@ -157,6 +177,9 @@ func (l *Lease) WindowStart() time.Time { return l.start }
 // (priority first, then oldest) for at most max_wait when there is no room.
 // A refusal is a *Rejection naming the control.
 func (p *Pool) Acquire(ctx context.Context, priority int, now time.Time) (Lease, error) {
+	if p.shared != nil {
+		return p.acquireShared(ctx, priority, now)
+	}
 	p.mu.Lock()
 	if len(p.waiters) == 0 {
 		l, control, ok := p.tryLocked(now)
@@ -165,22 +188,46 @@ func (p *Pool) Acquire(ctx context.Context, priority int, now time.Time) (Lease,
 			return l, nil
 		}
 		if control == ControlUpstream {
-			// Waiting cannot help while the backend is down.
 			p.mu.Unlock()
-			return Lease{}, &Rejection{Pool: p.id, Control: ControlUpstream, RetryAfter: time.Second}
+			return Lease{}, p.upstreamDown()
 		}
 	}
-	if p.cfg.Queue <= 0 || len(p.waiters) >= p.cfg.Queue {
+	w := p.enqueueLocked(priority)
+	if w == nil {
 		p.mu.Unlock()
-		return Lease{}, &Rejection{Pool: p.id, Control: ControlQueue, RetryAfter: p.retryAfter(now)}
+		return Lease{}, p.queueFull(now)
+	}
+	p.armLocked(now)
+	p.mu.Unlock()
+	return p.wait(ctx, w, now)
+}
+
+// upstreamDown is the refusal while the shared backend is down and
+// on_error is fail_closed: waiting cannot help, so nobody queues.
+func (p *Pool) upstreamDown() error {
+	return &Rejection{Pool: p.id, Control: ControlUpstream, RetryAfter: time.Second}
+}
+
+// enqueueLocked queues a waiter of priority; nil when the queue is full.
+func (p *Pool) enqueueLocked(priority int) *waiter {
+	if p.cfg.Queue <= 0 || len(p.waiters) >= p.cfg.Queue {
+		return nil
 	}
 	w := &waiter{priority: priority, seq: p.seq, ready: make(chan struct{})}
 	p.seq++
 	heap.Push(&p.waiters, w)
 	p.setQueued()
-	p.armLocked(now)
-	p.mu.Unlock()
+	return w
+}
 
+// queueFull is the refusal of a caller the queue has no room for; p.mu
+// must not be held.
+func (p *Pool) queueFull(now time.Time) error {
+	return &Rejection{Pool: p.id, Control: ControlQueue, RetryAfter: p.retryAfter(now)}
+}
+
+// wait blocks until w is granted, max_wait passes or ctx ends.
+func (p *Pool) wait(ctx context.Context, w *waiter, now time.Time) (Lease, error) {
 	var timeout <-chan time.Time
 	if p.cfg.MaxWait > 0 {
 		t := p.clk.NewTimer(p.cfg.MaxWait)
@@ -210,7 +257,12 @@ func (p *Pool) Acquire(ctx context.Context, priority int, now time.Time) (Lease,
 	heap.Remove(&p.waiters, w.index)
 	p.setQueued()
 	waited := p.clk.Now().Sub(now)
-	_, control, _ := p.blockedLocked(p.clk.Now())
+	var control string
+	if p.shared != nil {
+		control = p.sharedControlLocked()
+	} else {
+		_, control, _ = p.blockedLocked(p.clk.Now())
+	}
 	p.mu.Unlock()
 	// Leaving may unblock those behind us (we were the head).
 	p.dispatch()
@@ -224,6 +276,9 @@ func (p *Pool) Acquire(ctx context.Context, priority int, now time.Time) (Lease,
 // that refused. The scheduler uses it: runs wait in the durable queue, not
 // here.
 func (p *Pool) TryAcquire(now time.Time) (Lease, string, bool) {
+	if p.shared != nil {
+		return p.tryAcquireShared(now)
+	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if len(p.waiters) > 0 {
@@ -238,12 +293,18 @@ func (p *Pool) TryAcquire(now time.Time) (Lease, string, bool) {
 
 // tryLocked takes a slot of both gates or neither.
 func (p *Pool) tryLocked(now time.Time) (Lease, string, bool) {
+	return p.tryLockedOn(p.counter, now)
+}
+
+// tryLockedOn is tryLocked counting the rate gate in c: the pool's
+// counter, or the in-process fallback of a shared one.
+func (p *Pool) tryLockedOn(c window.Counter, now time.Time) (Lease, string, bool) {
 	if p.cfg.Concurrency > 0 && p.inFlight >= p.cfg.Concurrency {
 		return Lease{}, ControlConcurrency, false
 	}
 	l := Lease{p: p}
 	if p.cfg.Rate > 0 {
-		d := p.counter.Take(p.scope, p.key, int64(p.cfg.Rate), 1, now)
+		d := c.Take(p.scope, p.key, int64(p.cfg.Rate), 1, now)
 		if p.gCount != nil && !d.Unavailable {
 			p.gCount.Set(float64(d.Count))
 		}
@@ -280,6 +341,14 @@ func (p *Pool) blockedLocked(now time.Time) (time.Time, string, bool) {
 }
 
 func (p *Pool) retryAfter(now time.Time) time.Duration {
+	if p.shared != nil {
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		if p.sh.blocked == ControlRate && p.sh.blockedEnd.After(now) {
+			return p.sh.blockedEnd.Sub(now)
+		}
+		return 0
+	}
 	if p.cfg.Rate <= 0 {
 		return 0
 	}
@@ -290,12 +359,20 @@ func (p *Pool) retryAfter(now time.Time) time.Duration {
 	return d.ResetIn(now)
 }
 
-func (p *Pool) release() {
+func (p *Pool) release(h window.Held) {
 	p.mu.Lock()
 	p.inFlight--
 	if p.gInFlight != nil {
 		p.gInFlight.Set(float64(p.inFlight))
 	}
+	if h.Shared() {
+		p.mu.Unlock()
+		// Waiters are retried once Redis has the slot back, not before:
+		// an earlier try would be refused and cost a round trip.
+		h.Release(p.sh.freedFn)
+		return
+	}
+	p.sh.freed++
 	// Only waiters or subscribers care; skipping dispatch keeps the clock
 	// read off the uncontended path.
 	wanted := len(p.waiters) > 0 || len(p.onFree) > 0
@@ -308,6 +385,10 @@ func (p *Pool) release() {
 // dispatch admits waiters from the head of the queue while both gates have
 // room, then tells subscribers that capacity may be free.
 func (p *Pool) dispatch() {
+	if p.shared != nil {
+		p.dispatchShared()
+		return
+	}
 	now := p.clk.Now()
 	p.mu.Lock()
 	for len(p.waiters) > 0 {
@@ -321,6 +402,12 @@ func (p *Pool) dispatch() {
 	}
 	p.setQueued()
 	p.armLocked(now)
+	p.unlockAndNotify()
+}
+
+// unlockAndNotify releases p.mu and, when no waiter is left to take the
+// capacity that may have freed, tells the OnFree subscribers.
+func (p *Pool) unlockAndNotify() {
 	idle := len(p.waiters) == 0
 	subs := p.onFree
 	p.mu.Unlock()
@@ -341,6 +428,12 @@ func (p *Pool) armLocked(now time.Time) {
 	if !blocked || control != ControlRate {
 		return
 	}
+	p.armWindowLocked(end, now)
+}
+
+// armWindowLocked sets the boundary timer at end (the rate window's end),
+// which dispatches the queue and subscribers then.
+func (p *Pool) armWindowLocked(end, now time.Time) {
 	if p.timer != nil && p.timerAt.Equal(end) {
 		return
 	}
@@ -364,7 +457,11 @@ func (p *Pool) OnFree(f func()) {
 // the rate gate outside the pool's own queue (the scheduler).
 func (p *Pool) WatchWindow() {
 	p.mu.Lock()
-	p.armLocked(p.clk.Now())
+	if p.shared != nil {
+		p.armSharedLocked(p.clk.Now())
+	} else {
+		p.armLocked(p.clk.Now())
+	}
 	p.mu.Unlock()
 }
 
@@ -415,6 +512,15 @@ func (p *Pool) Snapshot(now time.Time) Snapshot {
 	p.mu.Unlock()
 	s := Snapshot{ID: p.id, CapKey: p.capKey, Rate: cfg.Rate, Window: int(cfg.Window),
 		Concurrency: cfg.Concurrency, InFlight: inFlight, Queued: queued}
+	if p.shared != nil && cfg.Concurrency > 0 {
+		// Every sidecar's leases, when Redis can say.
+		p.mu.Lock()
+		set := p.leaseSetLocked()
+		p.mu.Unlock()
+		if n, ok := p.shared.LeaseHolders(set, now); ok {
+			s.InFlight = int(n)
+		}
+	}
 	if cfg.Rate > 0 {
 		d := p.counter.Peek(p.scope, p.key, int64(cfg.Rate))
 		s.Count, s.Remaining = d.Count, d.Remaining()

@@ -3,6 +3,7 @@ package pool
 import (
 	"context"
 	"errors"
+	"os"
 	"runtime"
 	"sync"
 	"sync/atomic"
@@ -17,7 +18,12 @@ import (
 	"github.com/warden-dev/warden/policy"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+func TestMain(m *testing.M) {
+	if spec := os.Getenv(holderEnv); spec != "" {
+		runHolder(spec) // a child process of TestSharedKilledHolderProcess
+	}
+	goleak.VerifyTestMain(m)
+}
 
 var t0 = time.Date(2026, 1, 5, 12, 0, 17, 0, time.UTC)
 
@@ -38,6 +44,24 @@ func waitQueued(t *testing.T, p *Pool, n int) {
 	}
 }
 
+// mustTry takes a slot without waiting, failing the test when refused.
+func mustTry(t *testing.T, p *Pool, now time.Time) Lease {
+	t.Helper()
+	l, control, ok := p.TryAcquire(now)
+	if !ok {
+		t.Fatalf("refused by %s", control)
+	}
+	return l
+}
+
+// refusedBy fails the test unless TryAcquire is refused by control.
+func refusedBy(t *testing.T, p *Pool, now time.Time, control string) {
+	t.Helper()
+	if _, got, ok := p.TryAcquire(now); ok || got != control {
+		t.Fatalf("TryAcquire: ok=%v control=%q, want refused by %s", ok, got, control)
+	}
+}
+
 func rejection(t *testing.T, err error) *Rejection {
 	t.Helper()
 	var r *Rejection
@@ -48,326 +72,343 @@ func rejection(t *testing.T, err error) *Rejection {
 }
 
 func TestImmediateRefusals(t *testing.T) {
-	tests := []struct {
-		name    string
-		cfg     policy.Pool
-		takes   int
-		control string
-	}{
-		{"no queue, concurrency full", policy.Pool{Name: "p", Concurrency: 2}, 2, ControlQueue},
-		{"no queue, rate spent", policy.Pool{Name: "p", Rate: 3, Window: 60}, 3, ControlQueue},
-	}
-	for _, tc := range tests {
-		t.Run(tc.name, func(t *testing.T) {
-			clk := clock.NewFake(t0)
-			p := newSet(clk, tc.cfg).Get("p")
-			for i := 0; i < tc.takes; i++ {
-				if _, err := p.Acquire(context.Background(), 0, clk.Now()); err != nil {
-					t.Fatalf("take %d: %v", i+1, err)
+	eachBackend(t, func(t *testing.T, newSet func(clk *clock.Fake, pools ...policy.Pool) *Set) {
+		tests := []struct {
+			name    string
+			cfg     policy.Pool
+			takes   int
+			control string
+		}{
+			{"no queue, concurrency full", policy.Pool{Name: "p", Concurrency: 2}, 2, ControlQueue},
+			{"no queue, rate spent", policy.Pool{Name: "p", Rate: 3, Window: 60}, 3, ControlQueue},
+		}
+		for _, tc := range tests {
+			t.Run(tc.name, func(t *testing.T) {
+				clk := clock.NewFake(t0)
+				p := newSet(clk, tc.cfg).Get("p")
+				for i := 0; i < tc.takes; i++ {
+					if _, err := p.Acquire(context.Background(), 0, clk.Now()); err != nil {
+						t.Fatalf("take %d: %v", i+1, err)
+					}
 				}
-			}
-			_, err := p.Acquire(context.Background(), 0, clk.Now())
-			if r := rejection(t, err); r.Control != tc.control {
-				t.Fatalf("control %s, want %s", r.Control, tc.control)
-			}
-		})
-	}
+				_, err := p.Acquire(context.Background(), 0, clk.Now())
+				if r := rejection(t, err); r.Control != tc.control {
+					t.Fatalf("control %s, want %s", r.Control, tc.control)
+				}
+			})
+		}
+	})
 }
 
 func TestConcurrencyNeverExceeded(t *testing.T) {
-	clk := clock.NewFake(t0)
-	p := newSet(clk, policy.Pool{Name: "p", Concurrency: 2, Queue: 100, MaxWait: time.Hour}).Get("p")
-	var inFlight, peak atomic.Int64
-	var wg sync.WaitGroup
-	for i := 0; i < 50; i++ {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			l, err := p.Acquire(context.Background(), 0, clk.Now())
-			if err != nil {
-				t.Error(err)
-				return
-			}
-			n := inFlight.Add(1)
-			for {
-				old := peak.Load()
-				if n <= old || peak.CompareAndSwap(old, n) {
-					break
+	eachBackend(t, func(t *testing.T, newSet func(clk *clock.Fake, pools ...policy.Pool) *Set) {
+		clk := clock.NewFake(t0)
+		p := newSet(clk, policy.Pool{Name: "p", Concurrency: 2, Queue: 100, MaxWait: time.Hour}).Get("p")
+		var inFlight, peak atomic.Int64
+		var wg sync.WaitGroup
+		for i := 0; i < 50; i++ {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				l, err := p.Acquire(context.Background(), 0, clk.Now())
+				if err != nil {
+					t.Error(err)
+					return
 				}
-			}
-			runtime.Gosched()
-			inFlight.Add(-1)
-			l.Release()
-		}()
-	}
-	wg.Wait()
-	if peak.Load() > 2 {
-		t.Fatalf("peak in flight %d, want ≤ 2", peak.Load())
-	}
-	if s := p.Snapshot(clk.Now()); s.InFlight != 0 || s.Queued != 0 {
-		t.Fatalf("left in flight %d queued %d", s.InFlight, s.Queued)
-	}
+				n := inFlight.Add(1)
+				for {
+					old := peak.Load()
+					if n <= old || peak.CompareAndSwap(old, n) {
+						break
+					}
+				}
+				runtime.Gosched()
+				inFlight.Add(-1)
+				l.Release()
+			}()
+		}
+		wg.Wait()
+		if peak.Load() > 2 {
+			t.Fatalf("peak in flight %d, want ≤ 2", peak.Load())
+		}
+		if s := p.Snapshot(clk.Now()); s.InFlight != 0 || s.Queued != 0 {
+			t.Fatalf("left in flight %d queued %d", s.InFlight, s.Queued)
+		}
+	})
 }
 
 // Rate 3 per minute from 12:00:17: three start, the rest wait and are
 // released at 12:01:00 (seed 002).
 func TestRateWaitersReleasedAtBoundary(t *testing.T) {
-	clk := clock.NewFake(t0)
-	p := newSet(clk, policy.Pool{Name: "p", Rate: 3, Window: 60, Queue: 10, MaxWait: time.Hour}).Get("p")
-	for i := 0; i < 3; i++ {
-		if _, err := p.Acquire(context.Background(), 0, clk.Now()); err != nil {
-			t.Fatal(err)
-		}
-	}
-	admitted := make(chan time.Time, 5)
-	var wg sync.WaitGroup
-	for i := 0; i < 5; i++ {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			if _, err := p.Acquire(context.Background(), 0, clk.Now()); err == nil {
-				admitted <- clk.Now()
-			}
-		}()
-	}
-	waitQueued(t, p, 5)
-	clk.Set(time.Date(2026, 1, 5, 12, 0, 59, 0, time.UTC))
-	if len(admitted) != 0 {
-		t.Fatal("waiter admitted before the boundary")
-	}
-	clk.Set(time.Date(2026, 1, 5, 12, 1, 0, 0, time.UTC))
-	for i := 0; i < 3; i++ {
-		at := <-admitted
-		if at.Before(time.Date(2026, 1, 5, 12, 1, 0, 0, time.UTC)) {
-			t.Fatalf("admitted at %v", at)
-		}
-	}
-	waitQueued(t, p, 2)
-	clk.Advance(time.Minute)
-	wg.Wait()
-	if len(admitted) != 2 {
-		t.Fatalf("%d admitted in the third window, want 2", len(admitted))
-	}
-}
-
-func TestMaxWaitNamesTheBlockingGate(t *testing.T) {
-	tests := []struct {
-		name    string
-		cfg     policy.Pool
-		control string
-	}{
-		{"rate", policy.Pool{Name: "p", Rate: 1, Window: 3600, Queue: 5, MaxWait: time.Second}, ControlRate},
-		{"concurrency", policy.Pool{Name: "p", Concurrency: 1, Queue: 5, MaxWait: time.Second}, ControlConcurrency},
-	}
-	for _, tc := range tests {
-		t.Run(tc.name, func(t *testing.T) {
-			clk := clock.NewFake(t0)
-			p := newSet(clk, tc.cfg).Get("p")
+	eachBackend(t, func(t *testing.T, newSet func(clk *clock.Fake, pools ...policy.Pool) *Set) {
+		clk := clock.NewFake(t0)
+		p := newSet(clk, policy.Pool{Name: "p", Rate: 3, Window: 60, Queue: 10, MaxWait: time.Hour}).Get("p")
+		for i := 0; i < 3; i++ {
 			if _, err := p.Acquire(context.Background(), 0, clk.Now()); err != nil {
 				t.Fatal(err)
 			}
-			errc := make(chan error, 1)
+		}
+		admitted := make(chan time.Time, 5)
+		var wg sync.WaitGroup
+		for i := 0; i < 5; i++ {
+			wg.Add(1)
 			go func() {
-				_, err := p.Acquire(context.Background(), 0, clk.Now())
-				errc <- err
+				defer wg.Done()
+				if _, err := p.Acquire(context.Background(), 0, clk.Now()); err == nil {
+					admitted <- clk.Now()
+				}
 			}()
-			waitQueued(t, p, 1)
-			clk.Advance(time.Second)
-			r := rejection(t, <-errc)
-			if r.Control != tc.control || r.Waited != time.Second {
-				t.Fatalf("got %s after %v, want %s after 1s", r.Control, r.Waited, tc.control)
+		}
+		waitQueued(t, p, 5)
+		clk.Set(time.Date(2026, 1, 5, 12, 0, 59, 0, time.UTC))
+		if len(admitted) != 0 {
+			t.Fatal("waiter admitted before the boundary")
+		}
+		clk.Set(time.Date(2026, 1, 5, 12, 1, 0, 0, time.UTC))
+		for i := 0; i < 3; i++ {
+			at := <-admitted
+			if at.Before(time.Date(2026, 1, 5, 12, 1, 0, 0, time.UTC)) {
+				t.Fatalf("admitted at %v", at)
 			}
-		})
-	}
+		}
+		waitQueued(t, p, 2)
+		clk.Advance(time.Minute)
+		wg.Wait()
+		if len(admitted) != 2 {
+			t.Fatalf("%d admitted in the third window, want 2", len(admitted))
+		}
+	})
+}
+
+func TestMaxWaitNamesTheBlockingGate(t *testing.T) {
+	eachBackend(t, func(t *testing.T, newSet func(clk *clock.Fake, pools ...policy.Pool) *Set) {
+		tests := []struct {
+			name    string
+			cfg     policy.Pool
+			control string
+		}{
+			{"rate", policy.Pool{Name: "p", Rate: 1, Window: 3600, Queue: 5, MaxWait: time.Second}, ControlRate},
+			{"concurrency", policy.Pool{Name: "p", Concurrency: 1, Queue: 5, MaxWait: time.Second}, ControlConcurrency},
+		}
+		for _, tc := range tests {
+			t.Run(tc.name, func(t *testing.T) {
+				clk := clock.NewFake(t0)
+				p := newSet(clk, tc.cfg).Get("p")
+				if _, err := p.Acquire(context.Background(), 0, clk.Now()); err != nil {
+					t.Fatal(err)
+				}
+				errc := make(chan error, 1)
+				go func() {
+					_, err := p.Acquire(context.Background(), 0, clk.Now())
+					errc <- err
+				}()
+				waitQueued(t, p, 1)
+				clk.Advance(time.Second)
+				r := rejection(t, <-errc)
+				if r.Control != tc.control || r.Waited != time.Second {
+					t.Fatalf("got %s after %v, want %s after 1s", r.Control, r.Waited, tc.control)
+				}
+			})
+		}
+	})
 }
 
 func TestQueueFull(t *testing.T) {
-	clk := clock.NewFake(t0)
-	p := newSet(clk, policy.Pool{Name: "p", Concurrency: 1, Queue: 1, MaxWait: time.Hour}).Get("p")
-	first, _ := p.Acquire(context.Background(), 0, clk.Now())
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		l, err := p.Acquire(context.Background(), 0, clk.Now())
-		if err != nil {
-			t.Error(err)
+	eachBackend(t, func(t *testing.T, newSet func(clk *clock.Fake, pools ...policy.Pool) *Set) {
+		clk := clock.NewFake(t0)
+		p := newSet(clk, policy.Pool{Name: "p", Concurrency: 1, Queue: 1, MaxWait: time.Hour}).Get("p")
+		first, _ := p.Acquire(context.Background(), 0, clk.Now())
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			l, err := p.Acquire(context.Background(), 0, clk.Now())
+			if err != nil {
+				t.Error(err)
+			}
+			l.Release()
+		}()
+		waitQueued(t, p, 1)
+		_, err := p.Acquire(context.Background(), 0, clk.Now())
+		if r := rejection(t, err); r.Control != ControlQueue {
+			t.Fatalf("control %s, want pool_queue", r.Control)
 		}
-		l.Release()
-	}()
-	waitQueued(t, p, 1)
-	_, err := p.Acquire(context.Background(), 0, clk.Now())
-	if r := rejection(t, err); r.Control != ControlQueue {
-		t.Fatalf("control %s, want pool_queue", r.Control)
-	}
-	first.Release()
-	<-done
+		first.Release()
+		<-done
+	})
 }
 
 func TestPriorityThenAge(t *testing.T) {
-	clk := clock.NewFake(t0)
-	p := newSet(clk, policy.Pool{Name: "p", Concurrency: 1, Queue: 10, MaxWait: time.Hour}).Get("p")
-	holder, _ := p.Acquire(context.Background(), 0, clk.Now())
-	order := make(chan string, 4)
-	var wg sync.WaitGroup
-	enqueue := func(name string, prio, n int) {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			l, err := p.Acquire(context.Background(), prio, clk.Now())
-			if err != nil {
-				t.Error(err)
-				return
-			}
-			order <- name
-			l.Release()
-		}()
-		waitQueued(t, p, n)
-	}
-	enqueue("low-old", 0, 1)
-	enqueue("high-old", 5, 2)
-	enqueue("low-new", 0, 3)
-	enqueue("high-new", 5, 4)
-	holder.Release()
-	wg.Wait()
-	close(order)
-	var got []string
-	for s := range order {
-		got = append(got, s)
-	}
-	want := []string{"high-old", "high-new", "low-old", "low-new"}
-	for i := range want {
-		if got[i] != want[i] {
-			t.Fatalf("order %v, want %v", got, want)
+	eachBackend(t, func(t *testing.T, newSet func(clk *clock.Fake, pools ...policy.Pool) *Set) {
+		clk := clock.NewFake(t0)
+		p := newSet(clk, policy.Pool{Name: "p", Concurrency: 1, Queue: 10, MaxWait: time.Hour}).Get("p")
+		holder, _ := p.Acquire(context.Background(), 0, clk.Now())
+		order := make(chan string, 4)
+		var wg sync.WaitGroup
+		enqueue := func(name string, prio, n int) {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				l, err := p.Acquire(context.Background(), prio, clk.Now())
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				order <- name
+				l.Release()
+			}()
+			waitQueued(t, p, n)
 		}
-	}
+		enqueue("low-old", 0, 1)
+		enqueue("high-old", 5, 2)
+		enqueue("low-new", 0, 3)
+		enqueue("high-new", 5, 4)
+		holder.Release()
+		wg.Wait()
+		close(order)
+		var got []string
+		for s := range order {
+			got = append(got, s)
+		}
+		want := []string{"high-old", "high-new", "low-old", "low-new"}
+		for i := range want {
+			if got[i] != want[i] {
+				t.Fatalf("order %v, want %v", got, want)
+			}
+		}
+	})
 }
 
 func TestCancelledWaiterLeavesQueue(t *testing.T) {
-	clk := clock.NewFake(t0)
-	p := newSet(clk, policy.Pool{Name: "p", Concurrency: 1, Queue: 10, MaxWait: time.Hour}).Get("p")
-	holder, _ := p.Acquire(context.Background(), 0, clk.Now())
-	ctx, cancel := context.WithCancel(context.Background())
-	errc := make(chan error, 1)
-	go func() {
-		_, err := p.Acquire(ctx, 0, clk.Now())
-		errc <- err
-	}()
-	waitQueued(t, p, 1)
-	cancel()
-	if err := <-errc; !errors.Is(err, context.Canceled) {
-		t.Fatalf("err %v, want context.Canceled", err)
-	}
-	holder.Release()
-	if s := p.Snapshot(clk.Now()); s.InFlight != 0 || s.Queued != 0 {
-		t.Fatalf("in flight %d queued %d after cancel", s.InFlight, s.Queued)
-	}
+	eachBackend(t, func(t *testing.T, newSet func(clk *clock.Fake, pools ...policy.Pool) *Set) {
+		clk := clock.NewFake(t0)
+		p := newSet(clk, policy.Pool{Name: "p", Concurrency: 1, Queue: 10, MaxWait: time.Hour}).Get("p")
+		holder, _ := p.Acquire(context.Background(), 0, clk.Now())
+		ctx, cancel := context.WithCancel(context.Background())
+		errc := make(chan error, 1)
+		go func() {
+			_, err := p.Acquire(ctx, 0, clk.Now())
+			errc <- err
+		}()
+		waitQueued(t, p, 1)
+		cancel()
+		if err := <-errc; !errors.Is(err, context.Canceled) {
+			t.Fatalf("err %v, want context.Canceled", err)
+		}
+		holder.Release()
+		if s := p.Snapshot(clk.Now()); s.InFlight != 0 || s.Queued != 0 {
+			t.Fatalf("in flight %d queued %d after cancel", s.InFlight, s.Queued)
+		}
+	})
 }
 
 func TestCapKeySharesOnePool(t *testing.T) {
-	clk := clock.NewFake(t0)
-	s := newSet(clk,
-		policy.Pool{Name: "a", Rate: 2, Window: 60, CapKey: "salesforce"},
-		policy.Pool{Name: "b", Rate: 2, Window: 60, CapKey: "salesforce"},
-	)
-	if s.Get("a") != s.Get("b") || s.Get("a").ID() != "cap:salesforce" {
-		t.Fatal("cap_key members are not one pool")
-	}
-	s.Get("a").Acquire(context.Background(), 0, clk.Now())
-	s.Get("b").Acquire(context.Background(), 0, clk.Now())
-	if _, err := s.Get("a").Acquire(context.Background(), 0, clk.Now()); err == nil {
-		t.Fatal("third start across members admitted at shared rate 2")
-	}
+	eachBackend(t, func(t *testing.T, newSet func(clk *clock.Fake, pools ...policy.Pool) *Set) {
+		clk := clock.NewFake(t0)
+		s := newSet(clk,
+			policy.Pool{Name: "a", Rate: 2, Window: 60, CapKey: "salesforce"},
+			policy.Pool{Name: "b", Rate: 2, Window: 60, CapKey: "salesforce"},
+		)
+		if s.Get("a") != s.Get("b") || s.Get("a").ID() != "cap:salesforce" {
+			t.Fatal("cap_key members are not one pool")
+		}
+		s.Get("a").Acquire(context.Background(), 0, clk.Now())
+		s.Get("b").Acquire(context.Background(), 0, clk.Now())
+		if _, err := s.Get("a").Acquire(context.Background(), 0, clk.Now()); err == nil {
+			t.Fatal("third start across members admitted at shared rate 2")
+		}
+	})
 }
 
 func TestRefundResetAndReload(t *testing.T) {
-	clk := clock.NewFake(t0)
-	cfg := policy.Pool{Name: "p", Rate: 1, Window: 60, Concurrency: 5}
-	s := newSet(clk, cfg)
-	p := s.Get("p")
+	eachBackend(t, func(t *testing.T, newSet func(clk *clock.Fake, pools ...policy.Pool) *Set) {
+		clk := clock.NewFake(t0)
+		cfg := policy.Pool{Name: "p", Rate: 1, Window: 60, Concurrency: 5}
+		s := newSet(clk, cfg)
+		p := s.Get("p")
 
-	l, _, ok := p.TryAcquire(clk.Now())
-	if !ok {
-		t.Fatal("first TryAcquire refused")
-	}
-	if _, control, ok := p.TryAcquire(clk.Now()); ok || control != ControlRate {
-		t.Fatalf("second TryAcquire ok=%v control=%s", ok, control)
-	}
-	l.Release()
-	l.Refund()
-	third, _, ok := p.TryAcquire(clk.Now())
-	if !ok {
-		t.Fatal("refund did not return the rate slot")
-	}
-	third.Release()
+		l := mustTry(t, p, clk.Now())
+		refusedBy(t, p, clk.Now(), ControlRate)
+		l.Release()
+		l.Refund()
+		third, _, ok := p.TryAcquire(clk.Now())
+		if !ok {
+			t.Fatal("refund did not return the rate slot")
+		}
+		third.Release()
 
-	p.Reset()
-	snap := p.Snapshot(clk.Now())
-	if snap.Count != 0 || snap.Remaining != 1 || snap.ExpiresInSeconds != 43 {
-		t.Fatalf("after reset %+v, want count 0 remaining 1 expiring at the same boundary (43s)", snap)
-	}
+		p.Reset()
+		snap := p.Snapshot(clk.Now())
+		if snap.Count != 0 || snap.Remaining != 1 || snap.ExpiresInSeconds != 43 {
+			t.Fatalf("after reset %+v, want count 0 remaining 1 expiring at the same boundary (43s)", snap)
+		}
 
-	held, _, _ := p.TryAcquire(clk.Now())
-	s2 := s.Rebuild([]policy.Pool{cfg})
-	if s2.Get("p") != p || s2.Get("p").Snapshot(clk.Now()).InFlight != 1 {
-		t.Fatal("reload with the same pool lost its state")
-	}
-	held.Release()
+		held, _, _ := p.TryAcquire(clk.Now())
+		s2 := s.Rebuild([]policy.Pool{cfg})
+		if s2.Get("p") != p || s2.Get("p").Snapshot(clk.Now()).InFlight != 1 {
+			t.Fatal("reload with the same pool lost its state")
+		}
+		held.Release()
+	})
 }
 
 // Recovery after a restart has no Lease: it refunds by the persisted window
 // start, and only while that window lasts.
 func TestRefundAtAndResume(t *testing.T) {
-	clk := clock.NewFake(t0)
-	p := newSet(clk, policy.Pool{Name: "p", Rate: 1, Window: 60, Concurrency: 1}).Get("p")
-	l, _, ok := p.TryAcquire(clk.Now())
-	if !ok {
-		t.Fatal("first TryAcquire refused")
-	}
-	start := l.WindowStart()
-	l.Release()
-	p.RefundAt(start.Add(-time.Minute)) // another window: no credit
-	if _, control, ok := p.TryAcquire(clk.Now()); ok || control != ControlRate {
-		t.Fatalf("refund of another window gave credit: ok=%v control=%s", ok, control)
-	}
-	p.RefundAt(start)
-	again, _, ok := p.TryAcquire(clk.Now())
-	if !ok {
-		t.Fatal("RefundAt did not return the slot of its window")
-	}
-	again.Release()
+	eachBackend(t, func(t *testing.T, newSet func(clk *clock.Fake, pools ...policy.Pool) *Set) {
+		clk := clock.NewFake(t0)
+		p := newSet(clk, policy.Pool{Name: "p", Rate: 1, Window: 60, Concurrency: 1}).Get("p")
+		l, _, ok := p.TryAcquire(clk.Now())
+		if !ok {
+			t.Fatal("first TryAcquire refused")
+		}
+		start := l.WindowStart()
+		l.Release()
+		p.RefundAt(start.Add(-time.Minute)) // another window: no credit
+		if _, control, ok := p.TryAcquire(clk.Now()); ok || control != ControlRate {
+			t.Fatalf("refund of another window gave credit: ok=%v control=%s", ok, control)
+		}
+		p.RefundAt(start)
+		again, _, ok := p.TryAcquire(clk.Now())
+		if !ok {
+			t.Fatal("RefundAt did not return the slot of its window")
+		}
+		again.Release()
 
-	clk.Advance(43 * time.Second) // next window
-	held := p.Resume()
-	if snap := p.Snapshot(clk.Now()); snap.InFlight != 1 || snap.Count != 0 {
-		t.Fatalf("Resume: %+v, want one in flight and no rate slot taken", snap)
-	}
-	if _, control, ok := p.TryAcquire(clk.Now()); ok || control != ControlConcurrency {
-		t.Fatalf("resumed work did not hold its slot: ok=%v control=%s", ok, control)
-	}
-	held.Release()
-	if _, _, ok := p.TryAcquire(clk.Now()); !ok {
-		t.Fatal("released resumed slot not reusable")
-	}
+		clk.Advance(43 * time.Second) // next window
+		held := p.Resume()
+		if snap := p.Snapshot(clk.Now()); snap.InFlight != 1 || snap.Count != 0 {
+			t.Fatalf("Resume: %+v, want one in flight and no rate slot taken", snap)
+		}
+		if _, control, ok := p.TryAcquire(clk.Now()); ok || control != ControlConcurrency {
+			t.Fatalf("resumed work did not hold its slot: ok=%v control=%s", ok, control)
+		}
+		held.Release()
+		if _, _, ok := p.TryAcquire(clk.Now()); !ok {
+			t.Fatal("released resumed slot not reusable")
+		}
+	})
 }
 
 // The scheduler waits outside the pool and relies on OnFree at the boundary.
 func TestOnFreeAtBoundary(t *testing.T) {
-	clk := clock.NewFake(t0)
-	p := newSet(clk, policy.Pool{Name: "p", Rate: 1, Window: 60}).Get("p")
-	freed := make(chan struct{}, 1)
-	p.OnFree(func() {
-		select {
-		case freed <- struct{}{}:
-		default:
+	eachBackend(t, func(t *testing.T, newSet func(clk *clock.Fake, pools ...policy.Pool) *Set) {
+		clk := clock.NewFake(t0)
+		p := newSet(clk, policy.Pool{Name: "p", Rate: 1, Window: 60}).Get("p")
+		freed := make(chan struct{}, 1)
+		p.OnFree(func() {
+			select {
+			case freed <- struct{}{}:
+			default:
+			}
+		})
+		p.TryAcquire(clk.Now())
+		p.WatchWindow()
+		clk.Advance(43 * time.Second)
+		<-freed
+		if _, _, ok := p.TryAcquire(clk.Now()); !ok {
+			t.Fatal("no room after the boundary")
 		}
 	})
-	p.TryAcquire(clk.Now())
-	p.WatchWindow()
-	clk.Advance(43 * time.Second)
-	<-freed
-	if _, _, ok := p.TryAcquire(clk.Now()); !ok {
-		t.Fatal("no room after the boundary")
-	}
 }
 
 func BenchmarkAcquireRelease(b *testing.B) {

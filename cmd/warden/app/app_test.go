@@ -15,8 +15,9 @@ import (
 	"github.com/warden-dev/warden/internal/fasttest"
 )
 
-// The ingress (a fasthttp server) of TestPostgresRunStore leaves fasthttp's
-// own cleaners sleeping for a while after its shutdown.
+// fasthttp's process-wide helpers (the server date ticker of the ingress in
+// TestPostgresRunStore, the egress client's cleaners in the lease tests)
+// outlive the wardens that started them.
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m, fasttest.LeakOptions()...) }
 
 func writePolicy(t *testing.T, path, body string) {

@@ -149,6 +149,18 @@ func TestThreeWardensShareWindows(t *testing.T) {
 	}
 }
 
+// tripBackend makes calls until the backend's breaker opens: the calls
+// that find Redis gone (at most three) open it.
+func tripBackend(t *testing.T, a *instance, call func()) {
+	t.Helper()
+	for i := 0; !a.backend.red.Client().Down(); i++ {
+		if i == 3 {
+			t.Fatal("three failed calls did not open the breaker")
+		}
+		call()
+	}
+}
+
 // waitBackend waits for the backend's breaker to reach the wanted state;
 // with the real clock the probe runs by itself.
 func waitBackend(t *testing.T, a *instance, up bool) {
@@ -186,13 +198,7 @@ func TestBackendOutageThroughTheApp(t *testing.T) {
 			}
 
 			srv.Stop()
-			// The calls that find Redis gone (at most three) open the breaker.
-			for i := 0; !a.backend.red.Client().Down(); i++ {
-				if i == 3 {
-					t.Fatal("three failed calls did not open the breaker")
-				}
-				call()
-			}
+			tripBackend(t, a, func() { call() })
 			code, body := getStatus(t, admin+"/readyz")
 			_, metrics := getStatus(t, admin+"/metrics")
 			if !strings.Contains(metrics, "warden_backend_degraded 1") {

@@ -118,20 +118,39 @@ func (b *batcher) send(batch []*Op, args []any) []any {
 
 func finish(batch []*Op, err error) {
 	for _, op := range batch {
-		op.err = err
-		op.done <- struct{}{}
+		complete(op, err)
 	}
 }
 
+// complete hands op its outcome: to the goroutine waiting in Admit, or,
+// for an asynchronous op, to its after func (which must not block: it
+// runs in the sender).
+func complete(op *Op, err error) {
+	if op.after != nil {
+		after := op.after
+		PutOp(op)
+		after()
+		return
+	}
+	op.err = err
+	op.done <- struct{}{}
+}
+
 // encode builds [_, _, numkeys, KEYS..., ARGV...] for admitScript. Strings
-// are passed by pointer (go-redis writes *string as is), so a batch adds no
-// allocation per key.
+// and integers are passed by pointer (go-redis writes *string and *int64 as
+// is; an int64 in an interface would be boxed), so a batch adds no
+// allocation per gate.
 func encode(batch []*Op, args []any) []any {
 	args = append(args, nil, nil, 0)
 	nkeys := 0
 	for _, op := range batch {
 		for i := range op.gates {
 			g := &op.gates[i]
+			if g.Kind != GateWindow {
+				args = append(args, &g.Key)
+				nkeys++
+				continue
+			}
 			args = append(args, &g.Key, &g.Index)
 			nkeys += 2
 		}
@@ -146,7 +165,15 @@ func encode(batch []*Op, args []any) []any {
 		args = append(args, n)
 		for i := range op.gates {
 			g := &op.gates[i]
-			args = append(args, "w", g.Limit, g.N, g.TTLMillis, &g.Member)
+			switch g.Kind {
+			case GateLease:
+				args = append(args, "l", &g.Limit, &g.NowMillis, &g.ExpiryMillis, &g.Member, &g.TTLMillis)
+				continue
+			case GateRelease:
+				args = append(args, "r", &g.Member)
+				continue
+			}
+			args = append(args, "w", &g.Limit, &g.N, &g.TTLMillis, &g.Member)
 		}
 	}
 	return args
@@ -168,14 +195,24 @@ func decode(batch []*Op, vals []int64) error {
 	return nil
 }
 
-// drain fails every op still queued; called once the senders have stopped.
+// drain empties the queue once the senders have stopped: admissions
+// still queued fail with err; releases still queued are sent in a last
+// batch (a sidecar shutting down gives back the slots of the requests it
+// finished rather than leave them to expire).
 func (b *batcher) drain(err error) {
+	var releases []*Op
 	for {
 		select {
 		case op := <-b.ops:
-			op.err = err
-			op.done <- struct{}{}
+			if op.after != nil {
+				releases = append(releases, op)
+				continue
+			}
+			complete(op, err)
 		default:
+			for start := 0; start < len(releases); start += b.c.cfg.MaxBatch {
+				b.send(releases[start:min(start+b.c.cfg.MaxBatch, len(releases))], nil)
+			}
 			return
 		}
 	}

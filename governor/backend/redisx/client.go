@@ -52,6 +52,11 @@ type Config struct {
 	// caps the admissions of one batch.
 	Senders  int
 	MaxBatch int
+	// LeaseTTL is how long a lease (pool concurrency slot) lives without
+	// renewal; RenewEvery is how often every held lease is renewed
+	// (LeaseTTL/3 when 0).
+	LeaseTTL   time.Duration
+	RenewEvery time.Duration
 }
 
 // Defaults.
@@ -80,6 +85,8 @@ func (c *Config) setDefaults() {
 	if c.MaxBatch <= 0 {
 		c.MaxBatch = DefaultMaxBatch
 	}
+	def(&c.LeaseTTL, DefaultLeaseTTL)
+	def(&c.RenewEvery, c.LeaseTTL/3)
 }
 
 // Client is one process's connection to the shared Redis.
@@ -90,6 +97,7 @@ type Client struct {
 	log *slog.Logger
 	h   *health
 	b   *batcher
+	l   *leases
 
 	// mu guards closed against Admit: ops are only queued while the
 	// senders run, so none is left waiting after Close.
@@ -133,19 +141,24 @@ func Open(cfg Config, clk clock.Clock, m *metrics.Metrics, log *slog.Logger) (*C
 	}
 	c.h = newHealth(c, clk)
 	c.b = newBatcher(c)
+	c.l = newLeases()
 	if err := c.ping(); err != nil {
 		c.h.trip(err)
 	}
-	c.wg.Add(1 + cfg.Senders)
+	c.wg.Add(2 + cfg.Senders)
 	go c.h.probeLoop()
+	go c.renewer()
 	for range cfg.Senders {
 		go c.b.sender()
 	}
 	return c, nil
 }
 
-// Close stops the senders and the probe; admissions still queued get
-// ErrClosed. It waits for in-flight batches.
+// Close stops the senders, the probe and the lease renewals; admissions
+// still queued get ErrClosed, releases still queued are sent. Leases
+// still held are not released: their holders may still be running, and
+// the leases expire by themselves after LeaseTTL. It waits for in-flight
+// batches.
 func (c *Client) Close() error {
 	c.mu.Lock()
 	if c.closed {

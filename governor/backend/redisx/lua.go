@@ -63,6 +63,39 @@ function gates.w.peek(k, a)
   local v = tonumber(redis.call('GET', KEYS[k]) or '0')
   return v + tonumber(ARGV[a + 1]) <= tonumber(ARGV[a]), v
 end
+
+-- l: a lease set, holders scored by lease expiry (unix ms, sidecar time).
+-- KEYS: the set. ARGV: limit, now_ms, expiry_ms, holder, ttl_ms.
+-- apply sweeps the leases that expired (holders that died or stopped
+-- renewing) before counting, so their slots return by themselves. The
+-- set's own expiry is pushed to a lease from now on every take (and every
+-- renewal), so a set nobody uses any more disappears.
+gates.l = {keys = 1, args = 5}
+function gates.l.apply(k, a)
+  local key = KEYS[k]
+  redis.call('ZREMRANGEBYSCORE', key, '-inf', ARGV[a + 1])
+  local c = redis.call('ZCARD', key)
+  if c >= tonumber(ARGV[a]) then return false, c end
+  redis.call('ZADD', key, ARGV[a + 2], ARGV[a + 3])
+  redis.call('PEXPIRE', key, ARGV[a + 4])
+  return true, c + 1
+end
+function gates.l.undo(k, a, v)
+  redis.call('ZREM', KEYS[k], ARGV[a + 3])
+  return v - 1
+end
+function gates.l.peek(k, a)
+  local c = redis.call('ZCOUNT', KEYS[k], '(' .. ARGV[a + 1], '+inf')
+  return c < tonumber(ARGV[a]), c
+end
+
+-- r: give a lease back. KEYS: the set. ARGV: holder. Always admits (value:
+-- 1 if the holder was there); travels alone in its op, so never undone.
+-- Releasing twice, or after the lease expired, removes nothing.
+gates.r = {keys = 1, args = 1}
+function gates.r.apply(k, a) return true, redis.call('ZREM', KEYS[k], ARGV[a]) end
+function gates.r.undo(k, a, v) return v end
+function gates.r.peek(k, a) return true, 0 end
 `
 
 // admitBody runs a batch of admissions. ARGV[1] is the number of
@@ -115,6 +148,24 @@ redis.call('SET', KEYS[1], c, 'KEEPTTL')
 return c
 `
 
+// renewBody extends held leases. KEYS: one lease set per lease (repeats
+// allowed). ARGV: expiry_ms, ttl_ms, then one holder per key. A lease
+// that is gone (it expired before this renewal and was swept, or it was
+// released) is not added back: its slot may be someone else's by now.
+// Reply: how many leases were gone.
+const renewBody = `
+local lost = 0
+for i = 1, #KEYS do
+  if redis.call('ZSCORE', KEYS[i], ARGV[i + 2]) then
+    redis.call('ZADD', KEYS[i], ARGV[1], ARGV[i + 2])
+    redis.call('PEXPIRE', KEYS[i], ARGV[2])
+  else
+    lost = lost + 1
+  end
+end
+return lost
+`
+
 // Script is a Lua script run with EVALSHA, falling back to EVAL when the
 // server does not have it cached (first use, restart, SCRIPT FLUSH).
 type Script struct {
@@ -131,6 +182,7 @@ func NewScript(body string) *Script {
 var (
 	admitScript  = NewScript(admitBody)
 	refundScript = NewScript(refundBody)
+	renewScript  = NewScript(renewBody)
 )
 
 // run executes the script; args is the whole command with its first two

@@ -1,0 +1,179 @@
+package redisx
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"math"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// DefaultLeaseTTL is how long a lease lives without renewal: the time a
+// holder that died (killed, partitioned, frozen) keeps its slot. Leases are
+// renewed every third of it (RenewEvery), so two renewals in a row can
+// fail or stall before a live holder loses its slot.
+const DefaultLeaseTTL = 30 * time.Second
+
+// leaseChunk bounds the leases one renewal script touches, so
+// that a sidecar holding thousands never blocks Redis for long.
+const leaseChunk = 512
+
+// leaseRef names one held lease: its set and its holder.
+type leaseRef struct{ key, holder string }
+
+// leases keeps the leases this client took alive. Every held lease is
+// renewed by one script call per RenewEvery (per chunk of leaseChunk), not
+// one call per lease; releases travel in the admission batches.
+type leases struct {
+	id  string // this client's holder prefix, random per process
+	seq atomic.Uint64
+
+	mu   sync.Mutex
+	held map[leaseRef]struct{}
+}
+
+func newLeases() *leases {
+	var b [6]byte
+	_, _ = rand.Read(b[:])
+	return &leases{id: hex.EncodeToString(b[:]), held: map[leaseRef]struct{}{}}
+}
+
+// LeaseTTL is the lease duration of this client.
+func (c *Client) LeaseTTL() time.Duration { return c.cfg.LeaseTTL }
+
+// NewHolder returns a holder name unique to this process and call, for a
+// lease gate: process id (random) and a sequence number.
+func (c *Client) NewHolder() string {
+	return c.l.id + ":" + strconv.FormatUint(c.l.seq.Add(1), 36)
+}
+
+// Hold registers a lease that an admission took (a lease gate that was
+// committed) for renewal until Release.
+func (c *Client) Hold(key, holder string) {
+	c.l.mu.Lock()
+	c.l.held[leaseRef{key, holder}] = struct{}{}
+	c.l.mu.Unlock()
+}
+
+// Held is how many leases this client renews.
+func (c *Client) Held() int {
+	c.l.mu.Lock()
+	defer c.l.mu.Unlock()
+	return len(c.l.held)
+}
+
+// Release stops renewing the lease and removes it from its set. The
+// removal is an op of its own in the admission batcher, queued without
+// waiting: it never blocks on Redis, yet an admission this process makes
+// after Release returns is queued behind it and, with one sender (the
+// default Senders), sent in the same or a later batch, so it sees the slot
+// free (a
+// caller that runs requests one after another through a pool of
+// concurrency 1 is never refused by its own previous request). done (may
+// be nil) runs once Redis applied the removal or it failed (the lease then
+// expires by itself); it runs in the batch sender and must not block.
+// Releasing twice is harmless.
+func (c *Client) Release(key, holder string, done func()) {
+	c.l.mu.Lock()
+	delete(c.l.held, leaseRef{key, holder})
+	c.l.mu.Unlock()
+	if done == nil {
+		done = func() {}
+	}
+	if c.h.isDown() {
+		// Not sent: the lease expires there after LeaseTTL.
+		done()
+		return
+	}
+	op := GetOp()
+	op.gates = append(op.gates, Gate{Kind: GateRelease, Key: key, Member: holder})
+	op.after = done
+	c.mu.RLock()
+	if c.closed {
+		c.mu.RUnlock()
+		PutOp(op)
+		done()
+		return
+	}
+	c.b.ops <- op
+	c.mu.RUnlock()
+}
+
+// renewer extends every held lease each RenewEvery.
+func (c *Client) renewer() {
+	defer c.wg.Done()
+	t := c.h.clk.NewTimer(c.cfg.RenewEvery)
+	defer t.Stop()
+	for {
+		select {
+		case <-t.C():
+		case <-c.done:
+			return
+		}
+		c.renew()
+		t.Reset(c.cfg.RenewEvery)
+	}
+}
+
+// renew sends one renewal of every held lease (per chunk). While Redis is
+// down nothing is sent; a lease whose renewals failed for longer than
+// LeaseTTL is gone when Redis answers again, and stays gone.
+func (c *Client) renew() {
+	c.l.mu.Lock()
+	refs := make([]leaseRef, 0, len(c.l.held))
+	for r := range c.l.held {
+		refs = append(refs, r)
+	}
+	c.l.mu.Unlock()
+	if len(refs) == 0 || c.h.isDown() {
+		return
+	}
+	expiry := c.h.clk.Now().Add(c.cfg.LeaseTTL).UnixMilli()
+	var lost int64
+	for start := 0; start < len(refs); start += leaseChunk {
+		chunk := refs[start:min(start+leaseChunk, len(refs))]
+		args := make([]any, 3, 5+2*len(chunk))
+		args[2] = len(chunk)
+		for _, r := range chunk {
+			args = append(args, r.key)
+		}
+		args = append(args, expiry, c.cfg.LeaseTTL.Milliseconds())
+		for _, r := range chunk {
+			args = append(args, r.holder)
+		}
+		t := time.Now()
+		n, err := renewScript.run(context.Background(), c.rdb, args).Int64()
+		c.observe("renew", t, err)
+		if err != nil {
+			return
+		}
+		lost += n
+	}
+	if lost > 0 && c.errLog.allow(time.Now()) {
+		c.log.Warn("leases had expired before their renewal (renewals failed or stalled for longer than the lease); their holders run on without a shared slot",
+			"lost", lost, "lease", c.cfg.LeaseTTL)
+	}
+}
+
+// RenewNow renews every held lease at once, for tests that move a fake
+// clock and for callers that know renewals were missed.
+func (c *Client) RenewNow() { c.renew() }
+
+// LeaseHolders reads how many unexpired holders the set key has at now. It
+// is a check-only admission in the batcher, so it is ordered after every
+// release this process queued before it: a caller that released and then
+// asks sees its own release.
+func (c *Client) LeaseHolders(key string, now time.Time) (int64, error) {
+	op := GetOp()
+	defer PutOp(op)
+	op.AddLease(key, "", math.MaxInt64, now, time.Second)
+	op.CheckOnly()
+	if err := c.Admit(op); err != nil {
+		return 0, err
+	}
+	n, _ := op.Result(0)
+	return n, nil
+}

@@ -1,0 +1,481 @@
+package pool
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"os/exec"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/warden-dev/warden/governor/backend/redisx"
+	"github.com/warden-dev/warden/governor/backend/redisx/redistest"
+	"github.com/warden-dev/warden/governor/clock"
+	"github.com/warden-dev/warden/governor/window"
+	"github.com/warden-dev/warden/internal/testenv"
+	"github.com/warden-dev/warden/policy"
+)
+
+// sidecar is one process's view of a shared pool: its own Redis client
+// (its own batcher, renewals, holder names) on the common Redis and prefix.
+func sidecar(t *testing.T, url, prefix string, clk clock.Clock, failClosed bool, cfg policy.Pool) (*Pool, *window.Redis) {
+	t.Helper()
+	r := redisCounter(t, url, prefix, clk, failClosed)
+	return NewSet([]policy.Pool{cfg}, r, clk, nil).Get(cfg.Name), r
+}
+
+// redisCounter is a Redis counter closed with the test. Generous
+// deadlines: exact counts must not depend on a busy machine never
+// stalling 100 ms (outages here are stopped servers, refusing at once).
+func redisCounter(t *testing.T, url, prefix string, clk clock.Clock, failClosed bool) *window.Redis {
+	t.Helper()
+	r, err := window.NewRedis(window.RedisConfig{Config: redisx.Config{URL: url, FailClosed: failClosed,
+		DialTimeout: 5 * time.Second, ReadTimeout: 5 * time.Second, WriteTimeout: 5 * time.Second}, Prefix: prefix}, clk, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { r.Close() })
+	return r
+}
+
+// eachBackend runs a pool test on the in-process counter and on Redis
+// (shared pools: leases, unlocked admissions, their own dispatcher): the
+// queue's rules must not depend on where the gates are counted.
+func eachBackend(t *testing.T, run func(t *testing.T, newSet func(clk *clock.Fake, pools ...policy.Pool) *Set)) {
+	t.Run("memory", func(t *testing.T) { run(t, newSet) })
+	t.Run("redis", func(t *testing.T) {
+		url := testenv.RedisURL(t)
+		prefix := redistest.Prefix(t, url)
+		run(t, func(clk *clock.Fake, pools ...policy.Pool) *Set {
+			return NewSet(pools, redisCounter(t, url, prefix, clk, false), clk, nil)
+		})
+	})
+}
+
+// nearNow is a fake-clock start in the real present, 10 s into a minute:
+// lease scores and window expiries computed from it are meaningful to
+// Redis, and a test's minute never ends while it runs.
+func nearNow() time.Time { return time.Now().Truncate(time.Minute).Add(10 * time.Second) }
+
+// Three sidecars with a pool of concurrency 4, under parallel load with
+// waiting: never more than 4 in flight across all three, and every caller
+// is eventually admitted (slots freed on one sidecar reach waiters on the
+// others).
+func TestSharedConcurrencyAcrossSidecars(t *testing.T) {
+	url := testenv.RedisURL(t)
+	prefix := redistest.Prefix(t, url)
+	cfg := policy.Pool{Name: "p", Concurrency: 4, Queue: 100, MaxWait: 30 * time.Second}
+	var inFlight, peak, done atomic.Int64
+	var wg sync.WaitGroup
+	for range 3 {
+		p, _ := sidecar(t, url, prefix, clock.Real{}, false, cfg)
+		for range 8 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for range 3 {
+					l, err := p.Acquire(context.Background(), 0, time.Now())
+					if err != nil {
+						t.Error(err)
+						return
+					}
+					n := inFlight.Add(1)
+					for old := peak.Load(); n > old && !peak.CompareAndSwap(old, n); old = peak.Load() {
+					}
+					time.Sleep(2 * time.Millisecond) // the work the slot is held for
+					inFlight.Add(-1)
+					l.Release()
+					done.Add(1)
+				}
+			}()
+		}
+	}
+	wg.Wait()
+	if peak.Load() > 4 {
+		t.Fatalf("%d in flight at once across three sidecars, want ≤ 4", peak.Load())
+	}
+	if done.Load() != 3*8*3 {
+		t.Fatalf("%d admissions completed, want %d", done.Load(), 3*8*3)
+	}
+}
+
+// A sidecar dies holding every slot (its client stops without releasing
+// or renewing): the others are refused until the leases expire, then the
+// slots return by themselves, with no release from the dead holder.
+func TestSharedDeadHolderSlotsReturnAfterLease(t *testing.T) {
+	url := testenv.RedisURL(t)
+	prefix := redistest.Prefix(t, url)
+	clk := clock.NewFake(nearNow())
+	cfg := policy.Pool{Name: "p", Concurrency: 2, Rate: 100, Window: 60}
+	dead, deadRedis := sidecar(t, url, prefix, clk, false, cfg)
+	for range 2 {
+		if _, _, ok := dead.TryAcquire(clk.Now()); !ok {
+			t.Fatal("the first sidecar could not take its slots")
+		}
+	}
+	deadRedis.Close() // dies: no release, no more renewals
+
+	live, _ := sidecar(t, url, prefix, clk, false, cfg)
+	if _, control, ok := live.TryAcquire(clk.Now()); ok || control != ControlConcurrency {
+		t.Fatalf("slots of a holder inside its lease: ok=%v control=%s", ok, control)
+	}
+	clk.Advance(redisx.DefaultLeaseTTL - time.Millisecond)
+	if _, _, ok := live.TryAcquire(clk.Now()); ok {
+		t.Fatal("a slot returned before its lease ended")
+	}
+	clk.Advance(time.Millisecond)
+	l, control, ok := live.TryAcquire(clk.Now())
+	if !ok {
+		t.Fatalf("the dead holder's slot did not return after its lease: %s", control)
+	}
+	if snap := live.Snapshot(clk.Now()); snap.InFlight != 1 || snap.Count != 3 {
+		t.Fatalf("snapshot %+v: want 1 shared lease in flight and 3 rate slots taken", snap)
+	}
+	l.Release()
+}
+
+// A slot released on one sidecar reaches a waiter queued on another (by
+// the retry tick: no message crosses between them).
+func TestSharedWaiterGetsRemoteSlot(t *testing.T) {
+	url := testenv.RedisURL(t)
+	prefix := redistest.Prefix(t, url)
+	cfg := policy.Pool{Name: "p", Concurrency: 1, Queue: 10, MaxWait: 20 * time.Second}
+	a, _ := sidecar(t, url, prefix, clock.Real{}, false, cfg)
+	b, _ := sidecar(t, url, prefix, clock.Real{}, false, cfg)
+	held, err := a.Acquire(context.Background(), 0, time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := make(chan error, 1)
+	go func() {
+		l, err := b.Acquire(context.Background(), 0, time.Now())
+		if err == nil {
+			l.Release()
+		}
+		got <- err
+	}()
+	waitQueued(t, b, 1)
+	select {
+	case err := <-got:
+		t.Fatalf("admitted while the other sidecar held the only slot: %v", err)
+	default:
+	}
+	held.Release()
+	if err := <-got; err != nil {
+		t.Fatal(err)
+	}
+}
+
+// Redis stops under a shared pool and comes back. fail_open: this
+// sidecar's own concurrency count takes over (the limit still holds
+// locally); fail_closed: refusals name upstream. Both go back to the
+// shared set without a restart.
+func TestSharedConcurrencyOutage(t *testing.T) {
+	for _, failClosed := range []bool{false, true} {
+		name := map[bool]string{false: "fail_open", true: "fail_closed"}[failClosed]
+		t.Run(name, func(t *testing.T) {
+			srv := redistest.StartServer(t)
+			p, r := sidecar(t, srv.URL, "", clock.Real{}, failClosed, policy.Pool{Name: "p", Concurrency: 1})
+			l, _, ok := p.TryAcquire(time.Now())
+			if !ok {
+				t.Fatal("refused with Redis up")
+			}
+			l.Release()
+
+			srv.Stop()
+			cli := r.Client()
+			for i := 0; !cli.Down(); i++ {
+				if i == 3 {
+					t.Fatal("three failed admissions did not open the breaker")
+				}
+				if l, _, ok := p.TryAcquire(time.Now()); ok {
+					l.Release()
+				}
+			}
+			l, control, ok := p.TryAcquire(time.Now())
+			if failClosed {
+				if ok || control != ControlUpstream {
+					t.Fatalf("fail_closed during the outage: ok=%v control=%s", ok, control)
+				}
+			} else {
+				if !ok {
+					t.Fatalf("fail_open refused on local concurrency: %s", control)
+				}
+				if _, control, ok := p.TryAcquire(time.Now()); ok || control != ControlConcurrency {
+					t.Fatalf("local concurrency of 1 admitted a second: ok=%v control=%s", ok, control)
+				}
+				l.Release()
+			}
+
+			srv.Start()
+			deadline := time.After(20 * time.Second)
+			for cli.Down() {
+				select {
+				case <-cli.Changed():
+				case <-deadline:
+					t.Fatal("the backend never came back")
+				}
+			}
+			l, control, ok = p.TryAcquire(time.Now())
+			if !ok {
+				t.Fatalf("refused after recovery: %s", control)
+			}
+			if n, ok := r.LeaseHolders(window.LeaseSet(r.Prefix(), leaseKind, p.ID()), time.Now()); !ok || n != 1 {
+				t.Fatalf("after recovery the lease is not in Redis: %d %v", n, ok)
+			}
+			l.Release()
+		})
+	}
+}
+
+// holderEnv, set in a child copy of this test binary, makes it a sidecar
+// that takes every slot of a shared pool, says so on stdout and then runs
+// (renewing its leases) until it is killed. Its value is
+// "URL PREFIX": the Redis and the key prefix to share.
+const holderEnv = "WARDEN_POOL_TEST_HOLDER"
+
+// childLeaseTTL is the short lease of the killed-holder test.
+const childLeaseTTL = time.Second
+
+// runHolder is the child's whole life.
+func runHolder(spec string) {
+	var url, prefix string
+	if _, err := fmt.Sscan(spec, &url, &prefix); err != nil {
+		fmt.Println("bad spec:", err)
+		os.Exit(2)
+	}
+	r, err := window.NewRedis(window.RedisConfig{Config: redisx.Config{URL: url, LeaseTTL: childLeaseTTL,
+		DialTimeout: 5 * time.Second, ReadTimeout: 5 * time.Second, WriteTimeout: 5 * time.Second}, Prefix: prefix}, clock.Real{}, nil, nil)
+	if err != nil {
+		fmt.Println(err)
+		os.Exit(2)
+	}
+	p := NewSet([]policy.Pool{{Name: "p", Concurrency: 2}}, r, clock.Real{}, nil).Get("p")
+	for range 2 {
+		if _, control, ok := p.TryAcquire(time.Now()); !ok {
+			fmt.Println("refused:", control)
+			os.Exit(2)
+		}
+	}
+	fmt.Println("held")
+	select {} // until SIGKILL
+}
+
+// A sidecar process holding every slot is killed with SIGKILL: while it
+// lives its leases outlast their duration (it renews them), and once it
+// is dead its slots return after the lease, to a waiter of another
+// process, without any release.
+func TestSharedKilledHolderProcess(t *testing.T) {
+	url := testenv.RedisURL(t)
+	prefix := redistest.Prefix(t, url)
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), holderEnv+"="+url+" "+prefix)
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	killed := false
+	t.Cleanup(func() {
+		if !killed {
+			_ = cmd.Process.Kill()
+			_ = cmd.Wait()
+		}
+	})
+	line, err := bufio.NewReader(out).ReadString('\n')
+	if err != nil || line != "held\n" {
+		t.Fatalf("holder process: %q %v", line, err)
+	}
+
+	p, _ := sidecar(t, url, prefix, clock.Real{}, false, policy.Pool{Name: "p", Concurrency: 2, Queue: 10, MaxWait: 20 * time.Second})
+	time.Sleep(2 * childLeaseTTL) // two lease durations: only renewals keep the slots taken
+	if _, control, ok := p.TryAcquire(time.Now()); ok || control != ControlConcurrency {
+		t.Fatalf("a live holder's slots were free after its lease duration: ok=%v control=%s", ok, control)
+	}
+
+	if err := cmd.Process.Signal(syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	_ = cmd.Wait()
+	killed = true
+	start := time.Now()
+	l, err := p.Acquire(context.Background(), 0, start)
+	if err != nil {
+		t.Fatalf("the killed holder's slot never returned: %v", err)
+	}
+	l.Release()
+	if waited := time.Since(start); waited > childLeaseTTL+5*time.Second {
+		t.Fatalf("slot returned after %v, want about one lease (%v)", waited, childLeaseTTL)
+	}
+}
+
+// The scheduler waits outside the pool's queue, on OnFree: a slot freed
+// on another sidecar reaches it too, by the retry tick a refusal arms (no
+// message crosses between sidecars).
+func TestSharedOnFreeForRemoteRelease(t *testing.T) {
+	url := testenv.RedisURL(t)
+	prefix := redistest.Prefix(t, url)
+	cfg := policy.Pool{Name: "p", Concurrency: 1}
+	a, _ := sidecar(t, url, prefix, clock.Real{}, false, cfg)
+	b, _ := sidecar(t, url, prefix, clock.Real{}, false, cfg)
+	woken := make(chan struct{}, 1)
+	b.OnFree(func() {
+		select {
+		case woken <- struct{}{}:
+		default:
+		}
+	})
+	held := mustTry(t, a, time.Now())
+	refusedBy(t, b, time.Now(), ControlConcurrency) // the first sidecar holds the only slot
+	held.Release()
+	deadline := time.After(10 * time.Second)
+	for {
+		select {
+		case <-woken:
+		case <-deadline:
+			t.Fatal("the second sidecar was never woken after the remote release")
+		}
+		// Like the scheduler: try again when woken; a refusal re-arms.
+		if l, _, ok := b.TryAcquire(time.Now()); ok {
+			l.Release()
+			return
+		}
+	}
+}
+
+// stallProxy forwards TCP to a real Redis and can hold back what the
+// client sends, to keep an admission on the wire for as long as a test
+// needs. It reports when held bytes arrive.
+type stallProxy struct {
+	ln      net.Listener
+	target  string
+	mu      sync.Mutex
+	stalled bool
+	resume  chan struct{}
+	held    chan struct{} // gets a value when bytes arrive while stalled
+}
+
+func newStallProxy(t *testing.T, target string) *stallProxy {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := &stallProxy{ln: ln, target: target, resume: make(chan struct{}), held: make(chan struct{}, 1)}
+	var wg sync.WaitGroup
+	t.Cleanup(func() { ln.Close(); p.release(); wg.Wait() })
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			u, err := net.Dial("tcp", target)
+			if err != nil {
+				c.Close()
+				continue
+			}
+			wg.Add(2)
+			go func() { defer wg.Done(); p.pipe(u, c, true); u.Close() }()
+			go func() { defer wg.Done(); io.Copy(c, u); c.Close() }()
+		}
+	}()
+	return p
+}
+
+// pipe copies src to dst; client-to-server traffic waits while stalled.
+func (p *stallProxy) pipe(dst, src net.Conn, fromClient bool) {
+	buf := make([]byte, 32<<10)
+	for {
+		n, err := src.Read(buf)
+		if n > 0 && fromClient {
+			p.mu.Lock()
+			stalled, resume := p.stalled, p.resume
+			p.mu.Unlock()
+			if stalled {
+				select {
+				case p.held <- struct{}{}:
+				default:
+				}
+				<-resume
+			}
+		}
+		if n > 0 {
+			if _, err := dst.Write(buf[:n]); err != nil {
+				return
+			}
+		}
+		if err != nil {
+			return
+		}
+	}
+}
+
+func (p *stallProxy) stall() {
+	p.mu.Lock()
+	p.stalled, p.resume = true, make(chan struct{})
+	p.mu.Unlock()
+}
+
+func (p *stallProxy) release() {
+	p.mu.Lock()
+	if p.stalled {
+		p.stalled = false
+		close(p.resume)
+	}
+	p.mu.Unlock()
+}
+
+// While an admission is on the wire to Redis, the pool's lock is free:
+// another caller's bookkeeping (here: subscribing to OnFree, which takes
+// only the lock) does not wait for the round trip.
+func TestSharedPoolNeverLocksAcrossRedis(t *testing.T) {
+	url := testenv.RedisURL(t)
+	opt, err := redis.ParseURL(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	proxy := newStallProxy(t, opt.Addr)
+	proxied := fmt.Sprintf("redis://%s/%d", proxy.ln.Addr(), opt.DB)
+	p, _ := sidecar(t, proxied, redistest.Prefix(t, url), clock.Real{}, false, policy.Pool{Name: "p", Concurrency: 2})
+	warm := mustTry(t, p, time.Now()) // connections dialled, scripts loaded
+	warm.Release()
+	p.Snapshot(time.Now()) // through the batcher: the release above has landed
+
+	proxy.stall()
+	admitted := make(chan bool, 1)
+	go func() {
+		l, _, ok := p.TryAcquire(time.Now())
+		l.Release()
+		admitted <- ok
+	}()
+	<-proxy.held // the admission is on the wire, held back
+	subscribed := make(chan struct{})
+	go func() { p.OnFree(func() {}); close(subscribed) }()
+	select {
+	case <-subscribed:
+	case <-time.After(3 * time.Second): // a failure bound; the admission is held until release
+		t.Fatal("the pool's lock was held while its admission waited on Redis")
+	}
+	select {
+	case <-admitted:
+		t.Fatal("the admission finished while Redis was held back: the test proved nothing")
+	default:
+	}
+	proxy.release()
+	if !<-admitted {
+		t.Fatal("admission refused after Redis answered")
+	}
+}
