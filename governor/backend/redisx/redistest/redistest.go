@@ -16,6 +16,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/warden-dev/warden/internal/testenv"
 )
 
 // Prefix returns a key prefix unique to this test run and deletes every key
@@ -78,11 +80,14 @@ type Server struct {
 }
 
 // StartServer starts a private redis-server (no persistence) on a free
-// port and stops it when the test ends. It skips the test when no
-// redis-server binary is installed.
+// port and stops it when the test ends. Without a redis-server binary it
+// skips the test, or fails it under CI=true (.ci/run installs one).
 func StartServer(t testing.TB) *Server {
 	t.Helper()
 	if _, err := exec.LookPath("redis-server"); err != nil {
+		if testenv.InCI() {
+			t.Fatalf("redis-server not installed (CI=true): %v", err)
+		}
 		t.Skipf("redis-server not installed: %v", err)
 	}
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
