@@ -108,20 +108,7 @@ func (t *Target) Count(code int) {
 	if t.l.m == nil {
 		return
 	}
-	i := code - 100
-	if i < 0 || i >= len(t.codes)-1 {
-		i = len(t.codes) - 1
-	}
-	c := t.codes[i].Load()
-	if c == nil {
-		label := "other"
-		if i != len(t.codes)-1 {
-			label = strconv.Itoa(code)
-		}
-		c = &counter{t.l.m.Requests.WithLabelValues(t.l.name, t.name, label)}
-		t.codes[i].Store(c)
-	}
-	c.c.Inc()
+	t.requests(t.codes[:], code-100, code).Inc()
 }
 
 // DoneGRPC records one RPC that ended with gRPC status code after running
@@ -130,21 +117,28 @@ func (t *Target) DoneGRPC(code int, start time.Time) {
 	if t.l.m == nil {
 		return
 	}
-	i := code
-	if i < 0 || i >= len(t.grpc)-1 {
-		i = len(t.grpc) - 1
+	t.requests(t.grpc[:], code, code).Inc()
+	t.duration.Observe(time.Since(start).Seconds())
+}
+
+// requests returns the requests_total child labelled code from cache, slot
+// i of it; an i outside the cache shares its last slot, labelled "other".
+// The child is looked up once per code, not per request.
+func (t *Target) requests(cache []atomic.Pointer[counter], i, code int) prometheus.Counter {
+	last := len(cache) - 1
+	if i < 0 || i >= last {
+		i = last
 	}
-	c := t.grpc[i].Load()
+	c := cache[i].Load()
 	if c == nil {
 		label := "other"
-		if i != len(t.grpc)-1 {
+		if i != last {
 			label = strconv.Itoa(code)
 		}
 		c = &counter{t.l.m.Requests.WithLabelValues(t.l.name, t.name, label)}
-		t.grpc[i].Store(c)
+		cache[i].Store(c)
 	}
-	c.c.Inc()
-	t.duration.Observe(time.Since(start).Seconds())
+	return c.c
 }
 
 // Retry counts one retry of this target (warden_retries_total).
