@@ -37,28 +37,37 @@ func StripRequest(h *fasthttp.RequestHeader, f Fields) {
 	if !f.HopByHop() {
 		return
 	}
+	delHopByHop(h, f)
 	if f&HasConnection != 0 {
-		delConnectionTokens(h)
 		h.ResetConnectionClose()
 	}
-	if f&HasKeepAlive != 0 {
-		h.Del("Keep-Alive")
-	}
 	if f&HasTE != 0 {
+		// Of TE, only "trailers" is passed on.
 		if hasToken(h.Peek(fasthttp.HeaderTE), "trailers") {
 			h.Set(fasthttp.HeaderTE, "trailers")
 		} else {
 			h.Del(fasthttp.HeaderTE)
 		}
 	}
+	if f&HasExpect != 0 {
+		h.Del(fasthttp.HeaderExpect)
+	}
+}
+
+// delHopByHop removes the hop-by-hop headers requests and responses share:
+// Connection and what it names, Keep-Alive, Trailer, Upgrade, Proxy-*.
+func delHopByHop(h header, f Fields) {
+	if f&HasConnection != 0 {
+		delConnectionTokens(h)
+	}
+	if f&HasKeepAlive != 0 {
+		h.Del("Keep-Alive")
+	}
 	if f&HasTrailer != 0 {
 		h.Del(fasthttp.HeaderTrailer)
 	}
 	if f&HasUpgrade != 0 {
 		h.Del(fasthttp.HeaderUpgrade)
-	}
-	if f&HasExpect != 0 {
-		h.Del(fasthttp.HeaderExpect)
 	}
 	if f&HasProxy != 0 {
 		delProxyHeaders(h)
@@ -142,23 +151,9 @@ func StripResponse(h *fasthttp.ResponseHeader) (upstreamClose bool) {
 	if f == 0 {
 		return upstreamClose
 	}
-	if f&HasConnection != 0 {
-		delConnectionTokens(h)
-	}
-	if f&HasKeepAlive != 0 {
-		h.Del("Keep-Alive")
-	}
+	delHopByHop(h, f)
 	if f&HasTE != 0 {
 		h.Del(fasthttp.HeaderTE)
-	}
-	if f&HasTrailer != 0 {
-		h.Del(fasthttp.HeaderTrailer)
-	}
-	if f&HasUpgrade != 0 {
-		h.Del(fasthttp.HeaderUpgrade)
-	}
-	if f&HasProxy != 0 {
-		delProxyHeaders(h)
 	}
 	h.ResetConnectionClose()
 	return upstreamClose
