@@ -40,7 +40,7 @@ type shard struct {
 	tab  atomic.Pointer[table]
 	meta map[uint64]meta // cold: read only for listings
 	used int
-	_    [24]byte // keep neighbouring shards' locks on separate cache lines
+	_    [32]byte // 64 bytes in all: neighbouring shards' locks on separate cache lines
 }
 
 type table struct {
@@ -172,8 +172,11 @@ func (sh *shard) rebuildLocked(n int, dropBefore int64) *table {
 
 func (m *Memory) lookup(s *Scope, key []byte) (*shard, uint64) {
 	h := keyHash(s, key)
-	return &m.shards[h&(shardCount-1)], h
+	return m.shardOf(h), h
 }
+
+// shardOf is the shard holding hash h's window.
+func (m *Memory) shardOf(h uint64) *shard { return &m.shards[h&(shardCount-1)] }
 
 // take applies one take to e: it returns the count after it, whether it
 // was allowed, the window's end, and ok false when e was moved to a new
@@ -288,20 +291,32 @@ func (m *Memory) Peek(s *Scope, key []byte, limit int64) Decision {
 // so no slot is moved), swapping so that lock-free takes are not lost.
 func (sh *shard) update(h uint64, f func(w uint64) uint64) {
 	sh.mu.Lock()
+	sh.updateLocked(h, f)
+	sh.mu.Unlock()
+}
+
+// updateLocked is update with sh.mu already held.
+func (sh *shard) updateLocked(h uint64, f func(w uint64) uint64) {
 	if e := sh.tab.Load().get(h); e != nil {
 		for {
 			w := e.w.Load()
 			if e.w.CompareAndSwap(w, f(w)) {
-				break
+				return
 			}
 		}
 	}
-	sh.mu.Unlock()
 }
 
 // giveBack removes n takes from h's window ending at endSec.
 func (sh *shard) giveBack(h uint64, endSec, n int64) {
-	sh.update(h, func(w uint64) uint64 {
+	sh.mu.Lock()
+	sh.giveBackLocked(h, endSec, n)
+	sh.mu.Unlock()
+}
+
+// giveBackLocked is giveBack with sh.mu already held.
+func (sh *shard) giveBackLocked(h uint64, endSec, n int64) {
+	sh.updateLocked(h, func(w uint64) uint64 {
 		if wEnd(w) != endSec {
 			return w
 		}

@@ -14,9 +14,15 @@ import (
 // may see the briefly raised count and be refused: the error is on the
 // side of the limit).
 func (m *Memory) TakeAll(ws []Want, now time.Time, out []Decision) bool {
+	// Each key is hashed once; requests name a handful of windows, so the
+	// hashes stay on the stack.
+	var buf [16]uint64
+	hs := buf[:0]
 	var mask uint64 // shardCount is 64: one bit per shard
 	for _, w := range ws {
-		mask |= 1 << (keyHash(w.Scope, w.Key) & (shardCount - 1))
+		h := keyHash(w.Scope, w.Key)
+		hs = append(hs, h)
+		mask |= 1 << (h & (shardCount - 1)) // the bit of m.shardOf(h)
 	}
 	for b := mask; b != 0; b &= b - 1 {
 		m.shards[bits.TrailingZeros64(b)].mu.Lock()
@@ -28,22 +34,20 @@ func (m *Memory) TakeAll(ws []Want, now time.Time, out []Decision) bool {
 	}()
 	all := true
 	for i, w := range ws {
-		out[i] = m.peekLocked(w, now)
+		out[i] = m.peekLocked(w, hs[i], now)
 		all = all && out[i].Allowed
 	}
 	if !all {
 		return false
 	}
 	for i, w := range ws {
-		sh, h := m.lookup(w.Scope, w.Key)
-		e := sh.slotLocked(h, w.Scope, w.Key)
-		count, ok, endSec, _ := take(e, out[i].end/int64(time.Second), w.Limit, w.N)
+		count, ok, endSec, _ := take(m.shardOf(hs[i]).slotLocked(hs[i], w.Scope, w.Key), out[i].end/int64(time.Second), w.Limit, w.N)
 		if ok {
 			out[i].Count = count
 			continue
 		}
 		for j := range i {
-			m.giveBackLocked(ws[j], out[j])
+			m.shardOf(hs[j]).giveBackLocked(hs[j], out[j].end/int64(time.Second), ws[j].N)
 			out[j].Count -= ws[j].N
 			out[j].Allowed = false
 		}
@@ -56,13 +60,12 @@ func (m *Memory) TakeAll(ws []Want, now time.Time, out []Decision) bool {
 	return true
 }
 
-// peekLocked decides w without taking: the window's count and whether w.N
-// more fit. The shard's lock must be held.
-func (m *Memory) peekLocked(w Want, now time.Time) Decision {
+// peekLocked decides w, whose key hashes to h, without taking: the
+// window's count and whether w.N more fit. The shard's lock must be held.
+func (m *Memory) peekLocked(w Want, h uint64, now time.Time) Decision {
 	cur := m.spans.current(w.Scope.Window, now)
-	sh, h := m.lookup(w.Scope, w.Key)
 	d := Decision{Limit: w.Limit, start: cur.start, end: cur.end, loc: now.Location()}
-	if e := sh.tab.Load().get(h); e != nil {
+	if e := m.shardOf(h).tab.Load().get(h); e != nil {
 		v := e.w.Load()
 		switch end := wEnd(v); {
 		case end == cur.endSec:
@@ -73,20 +76,4 @@ func (m *Memory) peekLocked(w Want, now time.Time) Decision {
 	}
 	d.Allowed = d.Count+w.N <= w.Limit
 	return d
-}
-
-// giveBackLocked undoes a take TakeAll committed in d's window.
-func (m *Memory) giveBackLocked(w Want, d Decision) {
-	sh, h := m.lookup(w.Scope, w.Key)
-	e := sh.tab.Load().get(h)
-	endSec := d.end / int64(time.Second)
-	for {
-		v := e.w.Load()
-		if wEnd(v) != endSec {
-			return
-		}
-		if e.w.CompareAndSwap(v, pack(endSec, max(wCount(v)-w.N, 0))) {
-			return
-		}
-	}
 }
