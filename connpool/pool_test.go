@@ -296,13 +296,7 @@ func TestMaxConnsQueuesAndTimesOut(t *testing.T) {
 		}()
 	}
 	// Wait until two are at the upstream and six are queued in the pool.
-	deadline := time.Now().Add(5 * time.Second)
-	for p.Stats().Waiting != 6 || inFlight.Load() != 2 {
-		if time.Now().After(deadline) {
-			t.Fatalf("never saturated: %+v in flight %d", p.Stats(), inFlight.Load())
-		}
-		time.Sleep(time.Millisecond)
-	}
+	fasttest.WaitFor(t, "two in flight and six queued", func() bool { return p.Stats().Waiting == 6 && inFlight.Load() == 2 })
 	// A caller whose deadline passes while queued gets a timeout.
 	_, _, err := exchange(t, p, &Request{Header: getRequest(u.addr, "/"), Deadline: time.Now().Add(20 * time.Millisecond)})
 	if KindOf(err) != KindTimeout {
@@ -316,12 +310,7 @@ func TestMaxConnsQueuesAndTimesOut(t *testing.T) {
 		_, _, err := exchange(t, p, &Request{Header: getRequest(u.addr, "/"), Cancel: cancel})
 		cancelled <- err
 	}()
-	for p.Stats().Waiting != 7 {
-		if time.Now().After(deadline) {
-			t.Fatalf("unbounded caller never queued: %+v", p.Stats())
-		}
-		time.Sleep(time.Millisecond)
-	}
+	fasttest.WaitFor(t, "the unbounded caller queued", func() bool { return p.Stats().Waiting == 7 })
 	close(cancel)
 	if err := <-cancelled; KindOf(err) != KindClient {
 		t.Fatalf("cancelled wait: %v, want a client-side error", err)
@@ -361,13 +350,7 @@ func TestIdleTimeoutAndStaleConnections(t *testing.T) {
 	for range 2 {
 		tick()
 	}
-	deadline := time.Now().Add(5 * time.Second)
-	for u.closed.Load() != 1 {
-		if time.Now().After(deadline) {
-			t.Fatalf("idle connection never closed: %+v", p.Stats())
-		}
-		time.Sleep(time.Millisecond)
-	}
+	fasttest.WaitFor(t, "the idle connection closed", func() bool { return u.closed.Load() == 1 })
 
 	// A connection closed by the upstream while idle is detected before
 	// reuse: the next exchange succeeds on a new connection.
