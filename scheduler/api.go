@@ -390,7 +390,7 @@ func (s *Scheduler) viewLocked(r store.Run, now time.Time) RunView {
 	if r.Status == store.Queued {
 		if _, admitted := s.active[r.Seq]; admitted {
 			// Admitted; its STARTING record is on its way.
-			v.Status, control = store.Running.String(), ""
+			v.Status, v.Attempt, control = store.Running.String(), v.Attempt+1, ""
 		} else {
 			v.AwaitingAdmission = true
 			control = s.controlLocked(s.q.def(r.Name), r.Key, now)

@@ -17,17 +17,35 @@ func parseID(id string) (uint64, bool) {
 	return seq, err == nil && seq > 0
 }
 
-// deliverRun persists an admission (STARTING, with the rate window it was
-// counted in) and then hands the run to the worker. A run is never
-// delivered before its STARTING record is durable, so a restart can always
-// tell which runs may have reached the worker.
+// deliverRun records an admission (STARTING, with the rate window it was
+// counted in) and hands the run to the worker. With a store that queues
+// the write (bbolt: store.AsyncStarter) the delivery starts as soon as the
+// STARTING write is queued, not after its fsync: a freed lane reaches the
+// next run in microseconds instead of one disk flush, and every later write
+// of the run (its end, RUNNING, RETRY_WAIT) is applied after that one. The
+// price, paid only by a crash in the few milliseconds before the group
+// commit lands: such a run is still QUEUED on restart, so it is delivered
+// again with the same x-run-attempt and its rate slot stays counted (it
+// may have reached the worker). A run whose STARTING record did land is
+// requeued with the next attempt and its slot refunded (recover.go).
 func (s *Scheduler) deliverRun(a *active) {
 	defer s.deliveries.Done()
 	adm := store.Admission{At: a.admittedAt}
 	if ws := a.lease.WindowStart(); !ws.IsZero() {
 		adm.PoolID, adm.WindowStart = a.def.pool.ID(), ws.UnixNano()
 	}
-	r, err := s.st.Start(s.runCtx, a.seq, adm)
+	var r store.Run
+	var err error
+	if as, ok := s.st.(store.AsyncStarter); ok {
+		// The write's outcome is waited for by a drain like the delivery.
+		s.deliveries.Add(1)
+		r, err = as.StartAsync(s.runCtx, a.seq, adm, func(err error) { s.startWritten(a, err) })
+		if err != nil {
+			s.deliveries.Done()
+		}
+	} else {
+		r, err = s.st.Start(s.runCtx, a.seq, adm)
+	}
 	if err == nil {
 		// A run back from a retry wait was counted by the budget already.
 		if r.RetryAt == 0 && a.def.retry != nil {
@@ -41,6 +59,33 @@ func (s *Scheduler) deliverRun(a *active) {
 	}
 	s.moved(store.Queued, store.Starting)
 	s.deliverRecorded(a, r)
+}
+
+// startWritten receives the outcome of a queued STARTING write, on the
+// store's committer. A failure (the store broke or refused) leaves a run
+// the worker may already have in QUEUED: its delivery is abandoned, its
+// gates freed without a refund, and it waits again unless it has ended
+// meanwhile (then its end was not recorded either and a restart finds it
+// QUEUED).
+func (s *Scheduler) startWritten(a *active, err error) {
+	if err == nil {
+		s.deliveries.Done()
+		return
+	}
+	go func() {
+		defer s.deliveries.Done()
+		if _, ok := a.end(); ok {
+			s.mu.Lock()
+			s.releaseLocked(a)
+			requeue := !errors.Is(err, store.ErrConflict) && !errors.Is(err, store.ErrNotFound) && !s.draining && !s.closed
+			if requeue {
+				s.q.push(a.q, a.key, a.seq, a.prio, a.queuedAt)
+			}
+			s.mu.Unlock()
+		}
+		s.log.Error("admission not recorded after the delivery started; the run may reach the worker again with the same attempt",
+			"run", formatID(a.seq), "err", err)
+	}()
 }
 
 // deliverRecorded hands a run whose STARTING record is durable to the

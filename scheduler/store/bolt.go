@@ -109,30 +109,39 @@ type op struct {
 	created bool
 	err     error
 	done    chan struct{}
+	// cb, when set, receives the outcome on the committer instead of a
+	// waiter on done (StartAsync); the committer then recycles the op.
+	cb func(error)
 }
 
 var opPool = sync.Pool{New: func() any { return &op{done: make(chan struct{}, 1)} }}
 
 func (s *Bolt) do(ctx context.Context, o *op) error {
-	// The read lock orders senders before Close: once Close holds the
-	// write lock no operation can enter the channel after the committer's
-	// final drain.
-	s.sendMu.RLock()
-	if s.closed {
-		s.sendMu.RUnlock()
-		return ErrClosed
+	if err := s.send(ctx, o); err != nil {
+		return err
 	}
-	select {
-	case s.ops <- o:
-	case <-ctx.Done():
-		s.sendMu.RUnlock()
-		return ctx.Err()
-	}
-	s.sendMu.RUnlock()
 	// Once queued the operation will be committed or failed; wait for it
 	// even if ctx ends, so the caller never guesses whether it was written.
 	<-o.done
 	return o.err
+}
+
+// send queues o for the committer.
+func (s *Bolt) send(ctx context.Context, o *op) error {
+	// The read lock orders senders before Close: once Close holds the
+	// write lock no operation can enter the channel after the committer's
+	// final drain.
+	s.sendMu.RLock()
+	defer s.sendMu.RUnlock()
+	if s.closed {
+		return ErrClosed
+	}
+	select {
+	case s.ops <- o:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
 }
 
 // Submit implements Store.
@@ -168,6 +177,32 @@ func (s *Bolt) Start(ctx context.Context, seq uint64, a Admission) (Run, error) 
 	if err != nil {
 		return Run{}, err
 	}
+	return r, nil
+}
+
+// StartAsync implements AsyncStarter. The run is read from the last
+// commit (a QUEUED run in the index always has its record committed) and
+// its admitted form is queued as a compare-and-set update from QUEUED, so
+// the caller can deliver without waiting for the fsync: any later write of
+// the run is sent after this one and so applied after it.
+func (s *Bolt) StartAsync(ctx context.Context, seq uint64, a Admission, done func(error)) (Run, error) {
+	r, err := s.Get(ctx, seq)
+	if err != nil {
+		return Run{}, err
+	}
+	if r.Status != Queued {
+		return Run{}, ErrConflict
+	}
+	retryAt := r.admit(a)
+	rec := r // the committer's copy: the caller owns the returned one
+	o := opPool.Get().(*op)
+	*o = op{kind: opUpdate, run: &rec, value: Encode(nil, &r), from: Of(Queued), done: o.done, cb: done}
+	if err := s.send(ctx, o); err != nil {
+		o.run, o.value, o.cb = nil, nil, nil
+		opPool.Put(o)
+		return Run{}, err
+	}
+	r.RetryAt = retryAt
 	return r, nil
 }
 
@@ -242,6 +277,13 @@ func (s *Bolt) commit(batch []*op) {
 		if err != nil {
 			o.err = fmt.Errorf("commit runs: %w", err)
 			o.created = false
+		}
+		if cb := o.cb; cb != nil {
+			e := o.err
+			o.run, o.value, o.cb = nil, nil, nil
+			opPool.Put(o)
+			cb(e)
+			continue
 		}
 		o.done <- struct{}{}
 	}

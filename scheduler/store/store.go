@@ -9,8 +9,10 @@
 // counted in), and Update moves a run from one of the statuses it is
 // expected to be in to its next state — each a compare-and-set on the
 // status, durable when it returns. The scheduler decides admissions in
-// process and records each before it delivers, so a restart can tell which
-// runs were caught between admission and delivery.
+// process and records each as it delivers (AsyncStarter: the STARTING
+// write is queued before the delivery and lands within one group commit),
+// so a restart can tell which runs were caught between admission and
+// delivery.
 //
 // The seam for a shared store (Postgres, several sidecars): each operation
 // maps to one statement (INSERT … ON CONFLICT for idempotency keys, UPDATE …
@@ -158,6 +160,18 @@ func (r *Run) admit(a Admission) int64 {
 	r.PoolID, r.WindowStart = a.PoolID, a.WindowStart
 	r.RetryAt, r.Control, r.Output = 0, "", nil
 	return retryAt
+}
+
+// AsyncStarter is implemented by stores whose Start can be queued rather
+// than waited for (the bbolt store's group commit). A freed lane then
+// hands the next run to the worker at once instead of one fsync later.
+type AsyncStarter interface {
+	// StartAsync records an admission as Start does but returns once the
+	// write is queued, with the run as it will be recorded (RetryAt as it
+	// was while QUEUED). done is called with the write's outcome, on the
+	// store's committer: it must not block. Writes of the run made after
+	// StartAsync returns are applied after this one.
+	StartAsync(ctx context.Context, seq uint64, a Admission, done func(error)) (Run, error)
 }
 
 // Query selects runs for List.

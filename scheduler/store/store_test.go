@@ -111,3 +111,126 @@ func FuzzDecode(f *testing.F) {
 		}
 	})
 }
+
+func openBolt(t *testing.T) *store.Bolt {
+	t.Helper()
+	s, err := store.OpenBolt(filepath.Join(t.TempDir(), "runs.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	return s
+}
+
+// StartAsync hands back the admitted run before its write is durable;
+// the write lands as Start's would, and a write made after it is applied
+// after it (an update expecting STARTING succeeds at once).
+func TestBoltStartAsync(t *testing.T) {
+	s := openBolt(t)
+	ctx := t.Context()
+	r := &store.Run{Name: "job", Status: store.Queued, Input: []byte(`{"a":1}`), RetryAt: 7}
+	if _, err := s.Submit(ctx, r); err != nil {
+		t.Fatal(err)
+	}
+	written := make(chan error, 1)
+	got, err := s.StartAsync(ctx, r.Seq, store.Admission{At: 42, PoolID: "p", WindowStart: 40}, func(err error) { written <- err })
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.Status != store.Starting || got.Attempt != 1 || got.StartedAt != 42 || got.RetryAt != 7 || string(got.Input) != `{"a":1}` {
+		t.Fatalf("admitted run %+v", got)
+	}
+	if err := <-written; err != nil {
+		t.Fatalf("STARTING write: %v", err)
+	}
+	stored, err := s.Get(ctx, r.Seq)
+	if err != nil || stored.Status != store.Starting || stored.Attempt != 1 || stored.PoolID != "p" || stored.WindowStart != 40 || stored.RetryAt != 0 {
+		t.Fatalf("stored %+v, %v", stored, err)
+	}
+
+	// Ordering: an update sent right after, before the commit.
+	r2 := &store.Run{Name: "job", Status: store.Queued}
+	if _, err := s.Submit(ctx, r2); err != nil {
+		t.Fatal(err)
+	}
+	got, err = s.StartAsync(ctx, r2.Seq, store.Admission{At: 43}, func(err error) { written <- err })
+	if err != nil {
+		t.Fatal(err)
+	}
+	got.Status, got.FinishedAt = store.Completed, 50
+	if err := s.Update(ctx, &got, store.Of(store.Starting)); err != nil {
+		t.Fatalf("update after StartAsync: %v (not ordered after the STARTING write)", err)
+	}
+	if err := <-written; err != nil {
+		t.Fatalf("STARTING write: %v", err)
+	}
+	if _, err := s.StartAsync(ctx, r.Seq, store.Admission{At: 60}, func(error) { t.Error("callback of a refused start") }); err != store.ErrConflict {
+		t.Fatalf("StartAsync of a finished run: %v, want ErrConflict", err)
+	}
+	if _, err := s.StartAsync(ctx, 999, store.Admission{At: 60}, func(error) { t.Error("callback of a refused start") }); err != store.ErrNotFound {
+		t.Fatalf("StartAsync of an unknown run: %v, want ErrNotFound", err)
+	}
+}
+
+// An admission racing another transition of the same run never both
+// succeed: either StartAsync refuses at once or its write reports the
+// conflict.
+func TestBoltStartAsyncRace(t *testing.T) {
+	s := openBolt(t)
+	ctx := t.Context()
+	for i := range 50 {
+		r := &store.Run{Name: "job", Status: store.Queued}
+		if _, err := s.Submit(ctx, r); err != nil {
+			t.Fatal(err)
+		}
+		timedOut := *r
+		timedOut.Status = store.TimedOut
+		updated := make(chan error, 1)
+		go func() { updated <- s.Update(ctx, &timedOut, store.Of(store.Queued)) }()
+		written := make(chan error, 1)
+		_, err := s.StartAsync(ctx, r.Seq, store.Admission{At: 1}, func(err error) { written <- err })
+		if err == nil {
+			err = <-written
+		}
+		uerr := <-updated
+		if (err == nil) == (uerr == nil) {
+			t.Fatalf("round %d: start %v, update %v: exactly one must win", i, err, uerr)
+		}
+		for _, e := range []error{err, uerr} {
+			if e != nil && e != store.ErrConflict {
+				t.Fatalf("round %d: %v, want ErrConflict", i, e)
+			}
+		}
+	}
+}
+
+// Close commits a queued STARTING write before it returns.
+func TestBoltCloseCommitsQueuedStart(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "runs.db")
+	s, err := store.OpenBolt(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := &store.Run{Name: "job", Status: store.Queued}
+	if _, err := s.Submit(t.Context(), r); err != nil {
+		t.Fatal(err)
+	}
+	written := make(chan error, 1)
+	if _, err := s.StartAsync(t.Context(), r.Seq, store.Admission{At: 1}, func(err error) { written <- err }); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-written; err != nil {
+		t.Fatal(err)
+	}
+	s2, err := store.OpenBolt(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s2.Close()
+	if got, _ := s2.Get(t.Context(), r.Seq); got.Status != store.Starting || got.Attempt != 1 {
+		t.Fatalf("after Close: %s attempt %d, want STARTING attempt 1", got.Status, got.Attempt)
+	}
+}
