@@ -83,9 +83,11 @@ func (c *Caps) Check(tenant []byte, now time.Time) Result {
 	if len(tenant) == 0 {
 		tenant = c.bucket
 	}
-	l, ok := c.overrides[string(tenant)]
-	if !ok {
-		l = c.def
+	l := c.def
+	if len(c.overrides) > 0 {
+		if o, ok := c.overrides[string(tenant)]; ok {
+			l = o
+		}
 	}
 	if l.rate <= 0 {
 		// rate 0 turns the gate off (policy/REFERENCE.md): admit without
