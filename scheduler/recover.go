@@ -138,6 +138,9 @@ func (s *Scheduler) resume(r store.Run, now time.Time) {
 	s.q.resumed(dq, r.Key)
 	s.running++
 	s.active[r.Seq] = a
+	if s.rg != nil {
+		s.adoptLocked(a) // its lane and permits in Redis, by the next pass
+	}
 	a.mu.Lock()
 	s.armRunTimer(a)
 	a.mu.Unlock()
