@@ -36,6 +36,13 @@ type redisSidecar struct {
 
 func newRedisSidecar(t *testing.T, url, prefix string, clk clock.Clock, failClosed bool, workerURL, sched string) *redisSidecar {
 	t.Helper()
+	return startRedisSidecar(t, url, prefix, clk, failClosed, workerURL, sched, "", store.NewMemory())
+}
+
+// startRedisSidecar is newRedisSidecar with top-level policy sections
+// (pools) and a run store the test keeps (to start a sidecar again on it).
+func startRedisSidecar(t *testing.T, url, prefix string, clk clock.Clock, failClosed bool, workerURL, sched, extra string, st store.Store) *redisSidecar {
+	t.Helper()
 	// Generous deadlines: exact counts must not depend on a busy machine
 	// never stalling 100 ms (the outages here are stopped servers, which
 	// refuse at once).
@@ -45,12 +52,12 @@ func newRedisSidecar(t *testing.T, url, prefix string, clk clock.Clock, failClos
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { red.Close() }) // after the scheduler's shutdown below
-	yaml := policyYAML(workerURL, sched, "")
+	yaml := policyYAML(workerURL, sched, extra)
 	p, err := policy.Parse("test.yaml", []byte(yaml))
 	if err != nil {
 		t.Fatalf("policy: %v\n%s", err, yaml)
 	}
-	s := New(Options{Clock: clk, Store: store.NewMemory(), Counter: red})
+	s := New(Options{Clock: clk, Store: st, Counter: red})
 	if err := s.Apply(context.Background(), governor.New(clk, nil, red).Apply(p)); err != nil {
 		t.Fatal(err)
 	}
@@ -633,4 +640,83 @@ func TestRedisAdmissionNeverHoldsTheLock(t *testing.T) {
 	}
 	proxy.letGo()
 	sc.waitStatus(held, "COMPLETED")
+}
+
+// A definition's shared pool is taken in the same op as the lane: two
+// schedulers whose runs go through a pool of concurrency 1 never deliver
+// two at once, and every lease (lane and pool) is given back.
+func TestRedisPoolAndLanesInOneOp(t *testing.T) {
+	url := testenv.RedisURL(t)
+	prefix := redistest.Prefix(t, url)
+	const n = 30
+	w := newWorker(t, func(delivery) (int, string) {
+		time.Sleep(2 * time.Millisecond) // the work: runs of both sidecars overlap
+		return http.StatusOK, `{}`
+	})
+	sched := `
+  lanes: 5
+  definitions:
+    job: { pool: erp }`
+	pools := "pools:\n  erp: { concurrency: 1 }"
+	var sc [2]*redisSidecar
+	for i := range sc {
+		sc[i] = startRedisSidecar(t, url, prefix, clock.Real{}, false, w.srv.URL, sched, pools, store.NewMemory())
+	}
+	ids := make([]string, n)
+	for i := range n {
+		ids[i] = sc[i%2].submit("job", fmt.Sprintf(`{"i":%d}`, i))
+	}
+	for i, id := range ids {
+		sc[i%2].waitStatus(id, "COMPLETED")
+	}
+	if got := w.max(); got != 1 {
+		t.Fatalf("the worker ran %d runs at once through a shared pool of concurrency 1", got)
+	}
+	fasttest.WaitFor(t, "the lanes and the pool's slot given back in Redis", func() bool {
+		lanes, ok1 := sc[0].red.LeaseHolders(laneSet(prefix), time.Now())
+		slots, ok2 := sc[0].red.LeaseHolders(window.LeaseSet(prefix, "pool", "erp"), time.Now())
+		return ok1 && ok2 && lanes == 0 && slots == 0
+	})
+}
+
+// A run the worker accepted before its sidecar stopped is taken back as
+// RUNNING at the next start, and its lane is added in Redis again (the
+// stop gave it back), whatever the set holds: another sidecar is held
+// until it completes.
+func TestRedisRecoveredRunHoldsItsLane(t *testing.T) {
+	url := testenv.RedisURL(t)
+	prefix := redistest.Prefix(t, url)
+	w := newWorker(t, func(delivery) (int, string) { return http.StatusAccepted, `` })
+	sched := `
+  lanes: 1
+  definitions:
+    job: {}`
+	st := store.NewMemory()
+	first := startRedisSidecar(t, url, prefix, clock.Real{}, false, w.srv.URL, sched, "", st)
+	id := first.submit("job", `{"r":1}`)
+	w.next(t)
+	first.waitStatus(id, "RUNNING")
+	if err := first.s.Shutdown(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	fasttest.WaitFor(t, "the stopped scheduler's lane given back", func() bool {
+		n, ok := first.red.LeaseHolders(laneSet(prefix), time.Now())
+		return ok && n == 0
+	})
+
+	again := startRedisSidecar(t, url, prefix, clock.Real{}, false, w.srv.URL, sched, "", st)
+	fasttest.WaitFor(t, "the recovered RUNNING run's lane in Redis", func() bool {
+		n, ok := again.red.LeaseHolders(laneSet(prefix), time.Now())
+		return ok && n == 1
+	})
+	other := newRedisSidecar(t, url, prefix, clock.Real{}, false, w.srv.URL, sched)
+	waiting := other.submit("job", `{"r":2}`)
+	other.refusedBy(ControlLanes)
+	if _, err := again.s.Complete(context.Background(), id, Completion{Status: "COMPLETED"}); err != nil {
+		t.Fatal(err)
+	}
+	if d := w.next(t); d.body != `{"r":2}` {
+		t.Fatalf("delivered %s, want the other sidecar's waiting run", d.body)
+	}
+	other.waitStatus(waiting, "RUNNING")
 }
