@@ -33,6 +33,7 @@ type active struct {
 	lease    pool.Lease
 	sems     []string
 	released bool
+	red      *redisHeld // its leases in Redis when lanes are shared (redisgates.go)
 
 	// Guarded by mu, a leaf lock: nothing else is locked while it is held,
 	// so a run's own transitions never wait for the admission lock.
@@ -78,6 +79,11 @@ func (s *Scheduler) admitLocked(now time.Time) []*active {
 	cfg := s.cfgPtr.Load()
 	if cfg == nil || s.draining || s.closed || s.shared != nil {
 		return nil // a shared store admits through claims (shared.go)
+	}
+	if s.rg != nil {
+		// Lanes shared through Redis: admitted by a pass outside the lock.
+		s.pokeRedisLocked(true)
+		return nil
 	}
 	limit, _ := cfg.limit()
 	s.pass++
@@ -140,7 +146,7 @@ func (s *Scheduler) admitLocked(now time.Time) []*active {
 // when every gate has room for it now; nil when it must wait.
 func (s *Scheduler) reserveLocked(d *definition, key string, prio int32, now time.Time) *active {
 	cfg := s.cfgPtr.Load()
-	if cfg == nil || s.draining || s.closed || s.shared != nil {
+	if cfg == nil || s.draining || s.closed || s.shared != nil || s.rg != nil {
 		return nil
 	}
 	if limit, _ := cfg.limit(); s.running >= limit {
@@ -200,6 +206,9 @@ func (s *Scheduler) releaseLocked(a *active) {
 	s.q.finished(a.q, a.key)
 	s.releaseSemaphores(a.sems, a)
 	a.lease.Release()
+	if a.red != nil {
+		s.dropRedisLocked(a)
+	}
 }
 
 // free hands an ended run to the admission loop, which releases what it
@@ -226,6 +235,9 @@ func (s *Scheduler) controlLocked(dq *defQueue, key string, now time.Time) strin
 	}
 	if !s.semaphoresFree(d) {
 		return ControlSemaphore
+	}
+	if s.rg != nil {
+		return s.redisControlLocked(cfg, d) // no round trip under the lock
 	}
 	if d.pool != nil {
 		p := d.pool.Snapshot(now)

@@ -147,7 +147,11 @@ func (s *Scheduler) Queues() any {
 	for _, id := range ids {
 		p := pools[id]
 		row := QueueState{Scope: "pool", Pool: id, Depth: p.depth, OldestAgeSeconds: age(p.oldest), Running: p.running}
-		if p.depth > 0 {
+		if p.depth > 0 && s.rg != nil {
+			// What the last shared admissions found: no round trip
+			// under the lock.
+			row.Control = s.rg.poolNotes[id]
+		} else if p.depth > 0 {
 			snap := poolByID[id].pool.Snapshot(now)
 			switch {
 			case snap.Concurrency > 0 && snap.InFlight >= snap.Concurrency:

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/warden-dev/warden/governor"
+	"github.com/warden-dev/warden/governor/pool"
 	"github.com/warden-dev/warden/scheduler/store"
 )
 
@@ -115,15 +116,17 @@ func (s *Scheduler) resume(r store.Run, now time.Time) {
 	if cfg != nil {
 		d = cfg.defs[r.Name]
 	}
+	var lease pool.Lease
+	if d != nil && d.pool != nil {
+		// Before locking: a shared pool takes its lease in Redis.
+		lease = d.pool.Resume()
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	dq := s.q.def(r.Name)
 	a := &active{seq: r.Seq, run: r, def: d, q: dq, key: r.Key, prio: r.Priority, queuedAt: r.QueuedAt,
-		admittedAt: r.StartedAt, phase: phaseAsync, heartbeatAt: now.UnixNano()}
+		admittedAt: r.StartedAt, phase: phaseAsync, heartbeatAt: now.UnixNano(), lease: lease}
 	if d != nil {
-		if d.pool != nil {
-			a.lease = d.pool.Resume()
-		}
 		for _, name := range d.semaphores {
 			if sem := s.sems[name]; sem != nil {
 				sem.holders[a] = 0
@@ -135,6 +138,9 @@ func (s *Scheduler) resume(r store.Run, now time.Time) {
 	s.q.resumed(dq, r.Key)
 	s.running++
 	s.active[r.Seq] = a
+	if s.rg != nil {
+		s.adoptLocked(a) // its lane and permits in Redis, by the next pass
+	}
 	a.mu.Lock()
 	s.armRunTimer(a)
 	a.mu.Unlock()

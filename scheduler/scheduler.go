@@ -29,6 +29,7 @@ import (
 	"github.com/warden-dev/warden/governor/clock"
 	"github.com/warden-dev/warden/governor/metrics"
 	"github.com/warden-dev/warden/governor/pool"
+	"github.com/warden-dev/warden/governor/window"
 	"github.com/warden-dev/warden/scheduler/store"
 	"github.com/warden-dev/warden/scheduler/store/pgstore"
 )
@@ -54,6 +55,12 @@ type Options struct {
 	// Lease is how long a run claimed from a shared store stays with this
 	// sidecar without renewal; 0: DefaultLease.
 	Lease time.Duration
+	// Counter is the window counter the policy's pools count in
+	// (governor.Counter). When it is the Redis counter and the run store
+	// is this sidecar's own (bbolt, memory), lanes and semaphore permits
+	// are leases in that Redis, shared by every sidecar on it
+	// (redisgates.go); nil or in-process, they are this sidecar's.
+	Counter window.Counter
 }
 
 // StoreFile is the bbolt store's file name inside the data directory.
@@ -74,7 +81,8 @@ type Scheduler struct {
 
 	mu         sync.Mutex
 	st         store.Store
-	shared     *shared // set when st is shared by several sidecars: admissions come from its claims
+	shared     *shared     // set when st is shared by several sidecars: admissions come from its claims
+	rg         *redisGates // set when lanes and semaphores are shared through Redis: admissions come from its passes
 	ownStore   bool
 	q          *queue
 	sems       map[string]*semaphore
@@ -197,6 +205,7 @@ func (s *Scheduler) start(ctx context.Context, c *governor.Controls, cfg *config
 		}
 		s.shared = &shared{st: pg, owner: owner, lease: lease}
 	}
+	s.rg = newRedisGates(s.opts.Counter, s.shared != nil)
 	s.q = newQueue()
 	s.sems = map[string]*semaphore{}
 	s.active = map[uint64]*active{}
@@ -468,6 +477,7 @@ func (s *Scheduler) stop(ctx context.Context) error {
 	close(s.quit)
 	<-s.loopDone
 	s.stopShared()
+	s.stopRedisGates()
 	s.cancelRuns()
 	s.client.CloseIdleConnections()
 	var err error

@@ -135,6 +135,9 @@ func (s *Scheduler) sweepLeases() {
 		for a, until := range sem.holders {
 			if until != 0 && until <= now.UnixNano() {
 				delete(sem.holders, a)
+				if a.red != nil {
+					s.dropRedisPermitLocked(a, sem.name)
+				}
 				s.log.Warn("semaphore permit lease expired; permit returned", "semaphore", sem.name, "run", formatID(a.seq))
 			}
 		}
@@ -155,10 +158,13 @@ type SemaphoreState struct {
 // Semaphores lists every configured semaphore, for GET /v1/semaphores.
 func (s *Scheduler) Semaphores() any {
 	s.mu.Lock()
-	sh := s.shared
+	sh, rg := s.shared, s.rg
 	s.mu.Unlock()
 	if sh != nil {
 		return s.sharedSemaphores(s.clk.Now())
+	}
+	if rg != nil {
+		return s.redisSemaphores(s.clk.Now())
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()

@@ -100,6 +100,11 @@ func newPool(cfg policy.Pool, c window.Counter, clk clock.Clock, m *metrics.Metr
 // ID is the pool's counter identity: its name, or cap:KEY when shared.
 func (p *Pool) ID() string { return p.id }
 
+// Shared reports whether the pool's gates are decided in Redis (its
+// counter is the Redis counter), so TryAcquireWith can carry a caller's
+// lease gates in the same op.
+func (p *Pool) Shared() bool { return p.shared != nil }
+
 // Lease is an admission through a pool. The zero Lease is inert.
 type Lease struct {
 	p         *Pool

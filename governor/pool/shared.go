@@ -65,40 +65,52 @@ func (p *Pool) leaseSetLocked() string {
 
 // take tries both gates once, in Redis when it can, without p.mu held.
 func (p *Pool) take(now time.Time) (Lease, string, bool) {
+	l, control, ok, _ := p.takeWith(nil, now)
+	return l, control, ok
+}
+
+// takeWith is take with the caller's extra lease gates in the same op.
+// got is the extra gates' outcome when Redis decided them, nil when it
+// did not (then nothing of them was taken). A refusal by an extra gate
+// alone has no pool control: control is "".
+func (p *Pool) takeWith(extra []window.LeaseWant, now time.Time) (l Lease, control string, ok bool, got []window.LeaseGot) {
 	p.mu.Lock()
 	cfg, scope, set := p.cfg, p.scope, p.leaseSetLocked()
 	p.mu.Unlock()
-	if cfg.Concurrency <= 0 && cfg.Rate <= 0 {
-		return Lease{p: p}, "", true
+	if cfg.Concurrency <= 0 && cfg.Rate <= 0 && len(extra) == 0 {
+		return Lease{p: p}, "", true, nil
 	}
-	res, err := p.shared.TakeLeased(scope, p.key, int64(cfg.Rate), 1, set, int64(cfg.Concurrency), now)
+	res, err := p.shared.TakeLeasedWith(extra, scope, p.key, int64(cfg.Rate), 1, set, int64(cfg.Concurrency), now)
 	if err != nil {
 		if p.shared.FailClosed() {
-			return Lease{}, ControlUpstream, false
+			return Lease{}, ControlUpstream, false, nil
 		}
 		// fail_open: this sidecar's own gates, in process (no Redis call
 		// under the lock: Local never leaves the process).
 		p.mu.Lock()
 		defer p.mu.Unlock()
-		l, control, ok := p.tryLockedOn(p.shared.Local(), now)
+		l, control, ok = p.tryLockedOn(p.shared.Local(), now)
 		if !ok && control == ControlRate {
 			p.sh.blockedEnd = p.shared.Local().Peek(scope, p.key, int64(cfg.Rate)).End()
 		}
-		return l, control, ok
+		return l, control, ok, nil
 	}
 	if cfg.Rate > 0 && p.gCount != nil {
 		p.gCount.Set(float64(res.Window.Count))
 	}
 	if !res.Admitted {
-		if !res.LeaseOK {
-			return Lease{}, ControlConcurrency, false
+		switch {
+		case !res.LeaseOK:
+			return Lease{}, ControlConcurrency, false, res.Extra
+		case cfg.Rate > 0 && !res.Window.Allowed:
+			p.mu.Lock()
+			p.sh.blockedEnd = res.Window.End()
+			p.mu.Unlock()
+			return Lease{}, ControlRate, false, res.Extra
 		}
-		p.mu.Lock()
-		p.sh.blockedEnd = res.Window.End()
-		p.mu.Unlock()
-		return Lease{}, ControlRate, false
+		return Lease{}, "", false, res.Extra
 	}
-	l := Lease{p: p, held: res.Lease}
+	l = Lease{p: p, held: res.Lease}
 	if cfg.Rate > 0 {
 		l.rated, l.start, l.windowEnd = true, res.Window.Start(), res.Window.End()
 	}
@@ -111,7 +123,7 @@ func (p *Pool) take(now time.Time) (Lease, string, bool) {
 		p.mu.Unlock()
 		l.slot = true
 	}
-	return l, "", true
+	return l, "", true, res.Extra
 }
 
 // resumeShared adds a lease for work already running (Resume), whatever
@@ -182,6 +194,38 @@ func (p *Pool) tryAcquireShared(now time.Time) (Lease, string, bool) {
 		p.mu.Unlock()
 	}
 	return l, control, ok
+}
+
+// TryAcquireWith is TryAcquire for a caller with lease gates of its own
+// (the scheduler's lane and semaphore permits) that must be taken together
+// with the pool's: on a shared pool they travel in the pool's op, all
+// taken or none in one round trip. got has one entry per extra gate when
+// Redis decided them; nil means it did not (no shared backend, Redis
+// unavailable, or the pool refused before asking) and nothing of them was
+// taken. A refusal by an extra gate alone reports control "". On a pool
+// that is not shared, got is always nil.
+func (p *Pool) TryAcquireWith(extra []window.LeaseWant, now time.Time) (l Lease, control string, ok bool, got []window.LeaseGot) {
+	if p.shared == nil {
+		l, control, ok = p.TryAcquire(now)
+		return l, control, ok, nil
+	}
+	p.mu.Lock()
+	if len(p.waiters) > 0 {
+		control := p.sharedControlLocked()
+		p.mu.Unlock()
+		return Lease{}, control, false, nil
+	}
+	p.mu.Unlock()
+	l, control, ok, got = p.takeWith(extra, now)
+	if !ok && control != "" {
+		p.mu.Lock()
+		p.sh.blocked = control
+		if len(p.onFree) > 0 {
+			p.armSharedLocked(p.clk.Now())
+		}
+		p.mu.Unlock()
+	}
+	return l, control, ok, got
 }
 
 // sharedControlLocked names the control holding the queue.

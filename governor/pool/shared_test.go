@@ -479,3 +479,76 @@ func TestSharedPoolNeverLocksAcrossRedis(t *testing.T) {
 		t.Fatal("admission refused after Redis answered")
 	}
 }
+
+// A caller's lease gates travel in the pool's op (the scheduler's lane
+// and semaphore permits): all of them and the pool's gates are taken, or
+// none is — a full extra set leaves the pool's lease and rate slot
+// untouched, a full pool leaves the extra sets untouched — and the extra
+// leases are renewed like the pool's until released.
+func TestTryAcquireWithAllOrNothing(t *testing.T) {
+	url := testenv.RedisURL(t)
+	prefix := redistest.Prefix(t, url)
+	clk := clock.NewFake(nearNow())
+	p, r := sidecar(t, url, prefix, clk, false, policy.Pool{Name: "p", Concurrency: 1, Rate: 10, Window: 60})
+	rdb := redistest.Client(t, url)
+	ctx := context.Background()
+	setA, setB := window.LeaseSet(prefix, "test", "a"), window.LeaseSet(prefix, "test", "b")
+	wants := []window.LeaseWant{{Set: setA, Limit: 1}, {Set: setB, Limit: 1}}
+	holders := func(set string) int64 {
+		t.Helper()
+		n, ok := r.LeaseHolders(set, clk.Now())
+		if !ok {
+			t.Fatalf("cannot read %s", set)
+		}
+		return n
+	}
+	poolSet := window.LeaseSet(prefix, leaseKind, p.ID())
+
+	// Set B is full (another holder, leased well into the future).
+	if err := rdb.ZAdd(ctx, setB, redis.Z{Score: float64(clk.Now().Add(time.Hour).UnixMilli()), Member: "other"}).Err(); err != nil {
+		t.Fatal(err)
+	}
+	_, control, ok, got := p.TryAcquireWith(wants, clk.Now())
+	if ok || control != "" || len(got) != 2 || !got[0].OK || got[1].OK {
+		t.Fatalf("with set b full: ok=%v control=%q got=%+v; want a refusal by extra gate 1 alone", ok, control, got)
+	}
+	if a, pl, snap := holders(setA), holders(poolSet), p.Snapshot(clk.Now()); a != 0 || pl != 0 || snap.Count != 0 {
+		t.Fatalf("a refused admission left set a=%d, pool leases=%d, rate count=%d; want all 0", a, pl, snap.Count)
+	}
+
+	if err := rdb.ZRem(ctx, setB, "other").Err(); err != nil {
+		t.Fatal(err)
+	}
+	l, control, ok, taken := p.TryAcquireWith(wants, clk.Now())
+	if !ok || len(taken) != 2 || !taken[0].Lease.Shared() || !taken[1].Lease.Shared() {
+		t.Fatalf("with room everywhere: ok=%v control=%q got=%+v", ok, control, taken)
+	}
+	if a, b, pl, snap := holders(setA), holders(setB), holders(poolSet), p.Snapshot(clk.Now()); a != 1 || b != 1 || pl != 1 || snap.Count != 1 {
+		t.Fatalf("after the admission: a=%d b=%d pool=%d count=%d; want 1 each", a, b, pl, snap.Count)
+	}
+	if n := r.Client().Held(); n != 3 {
+		t.Fatalf("the client renews %d leases, want 3 (pool, a, b)", n)
+	}
+
+	// The pool is full: a third set asked with it stays empty.
+	setC := window.LeaseSet(prefix, "test", "c")
+	_, control, ok, got = p.TryAcquireWith([]window.LeaseWant{{Set: setC, Limit: 5}}, clk.Now())
+	if ok || control != ControlConcurrency || len(got) != 1 || !got[0].OK {
+		t.Fatalf("with the pool full: ok=%v control=%q got=%+v", ok, control, got)
+	}
+	if c := holders(setC); c != 0 {
+		t.Fatalf("a refused admission left %d leases in set c", c)
+	}
+
+	l.Release()
+	for _, g := range taken {
+		g.Lease.Release(nil)
+	}
+	if n := r.Client().Held(); n != 0 {
+		t.Fatalf("the client still renews %d leases after their release", n)
+	}
+	// LeaseHolders is queued behind the releases, so it sees them.
+	if a, b, pl := holders(setA), holders(setB), holders(poolSet); a != 0 || b != 0 || pl != 0 {
+		t.Fatalf("after the releases: a=%d b=%d pool=%d; want 0", a, b, pl)
+	}
+}

@@ -28,6 +28,29 @@ type Leased struct {
 	// Lease is the lease taken (zero without a concurrency gate or when
 	// refused). It is renewed until released.
 	Lease Held
+	// Extra has one entry per extra lease gate of TakeLeasedWith, in order,
+	// when Redis was asked; nil when it was not (no extra gates, or the
+	// rate gate was refused from the local over-limit cache).
+	Extra []LeaseGot
+}
+
+// LeaseWant is a lease gate a caller adds to a shared admission
+// (TakeLeasedWith): one lease in Set, a LeaseSet key, which holds at most
+// Limit unexpired leases.
+type LeaseWant struct {
+	Set   string
+	Limit int64
+}
+
+// LeaseGot is the outcome of one LeaseWant.
+type LeaseGot struct {
+	// Holders is how many unexpired leases the set has, this one included
+	// when taken; OK says whether the gate alone had room.
+	Holders int64
+	OK      bool
+	// Lease is the lease taken: zero unless every gate of the admission
+	// admitted. It is renewed until released.
+	Lease Held
 }
 
 // Held is a lease taken in Redis. The zero Held is inert.
@@ -82,6 +105,15 @@ func LeaseSet(prefix, kind, name string) string {
 // expire after the client's LeaseTTL unless renewed, which the client does
 // for every lease it handed out until Held.Release.
 func (r *Redis) TakeLeased(s *Scope, key []byte, rate, n int64, set string, conc int64, now time.Time) (Leased, error) {
+	return r.TakeLeasedWith(nil, s, key, rate, n, set, conc, now)
+}
+
+// TakeLeasedWith is TakeLeased with more lease gates, checked before the
+// concurrency and rate gates in the same op: every gate is taken or none,
+// in the same round trip. The scheduler takes a run's lane and semaphore
+// permits this way together with its definition's pool. Each extra lease
+// is renewed until its Held is released.
+func (r *Redis) TakeLeasedWith(extra []LeaseWant, s *Scope, key []byte, rate, n int64, set string, conc int64, now time.Time) (Leased, error) {
 	st := r.state.Load()
 	if st.cli == nil {
 		return Leased{}, ErrNotShared
@@ -105,8 +137,15 @@ func (r *Redis) TakeLeased(s *Scope, key []byte, rate, n int64, set string, conc
 	op := redisx.GetOp()
 	defer redisx.PutOp(op)
 	var holder string
-	if conc > 0 {
+	if conc > 0 || len(extra) > 0 {
+		// One holder name for every lease of the admission: the sets
+		// differ, so the name stays unique in each.
 		holder = st.cli.NewHolder()
+	}
+	for _, w := range extra {
+		op.AddLease(w.Set, holder, w.Limit, now, st.cli.LeaseTTL())
+	}
+	if conc > 0 {
 		op.AddLease(set, holder, conc, now, st.cli.LeaseTTL())
 	}
 	if rate > 0 {
@@ -117,10 +156,23 @@ func (r *Redis) TakeLeased(s *Scope, key []byte, rate, n int64, set string, conc
 	if err := st.cli.Admit(op); err != nil {
 		return Leased{}, errors.Join(ErrNotShared, err)
 	}
+	out.Admitted = op.Admitted()
 	i := 0
+	if len(extra) > 0 {
+		out.Extra = make([]LeaseGot, len(extra))
+		for j, w := range extra {
+			g := &out.Extra[j]
+			g.Holders, g.OK = op.Result(j)
+			if out.Admitted {
+				st.cli.Hold(w.Set, holder)
+				g.Lease = Held{cli: st.cli, key: w.Set, holder: holder}
+			}
+		}
+		i = len(extra)
+	}
 	if conc > 0 {
-		out.Holders, out.LeaseOK = op.Result(0)
-		i = 1
+		out.Holders, out.LeaseOK = op.Result(i)
+		i++
 	}
 	if rate > 0 {
 		out.Window.Count, out.Window.Allowed = op.Result(i)
@@ -128,7 +180,6 @@ func (r *Redis) TakeLeased(s *Scope, key []byte, rate, n int64, set string, conc
 			r.full.mark(h, s.hash, cur.end, nowNs, out.Window.Count, st.recheck)
 		}
 	}
-	out.Admitted = op.Admitted()
 	if out.Admitted && conc > 0 {
 		st.cli.Hold(set, holder)
 		out.Lease = Held{cli: st.cli, key: set, holder: holder}

@@ -33,6 +33,7 @@ func (a *App) buildComponents() []Component {
 		Metrics: a.metrics,
 		Log:     a.log.With("component", "scheduler"),
 		DataDir: a.opts.DataDir,
+		Counter: a.gov.Counter(), // lanes and semaphores shared when it is Redis
 	})
 	ing := ingress.New(ingress.Options{Clock: a.clk, Metrics: a.metrics, Log: a.log.With("component", "ingress")})
 	return []Component{
