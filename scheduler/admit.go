@@ -239,6 +239,12 @@ func (s *Scheduler) controlLocked(dq *defQueue, key string, now time.Time) strin
 	if s.rg != nil {
 		return s.redisControlLocked(cfg, d) // no round trip under the lock
 	}
+	if s.shared != nil {
+		// The shared store's gates hold the run; callers read them from the
+		// store outside the lock (sharedControl). A shared pool's snapshot
+		// would be a Redis round trip under the lock.
+		return ControlLanes
+	}
 	if d.pool != nil {
 		p := d.pool.Snapshot(now)
 		if p.Concurrency > 0 && p.InFlight >= p.Concurrency {
