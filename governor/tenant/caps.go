@@ -79,7 +79,7 @@ type Result struct {
 
 // Check counts one request for tenant (the header's value; empty when the
 // request carries none) at now.
-func (c *Caps) Check(tenant []byte, now time.Time) Result {
+func (c *Caps) Check(tenant []byte, now time.Time) (r Result) {
 	if len(tenant) == 0 {
 		tenant = c.bucket
 	}
@@ -94,8 +94,9 @@ func (c *Caps) Check(tenant []byte, now time.Time) Result {
 		// counting rather than refuse everything.
 		return Result{Decision: window.Decision{Allowed: true}, Tenant: tenant, Window: l.scope.Window}
 	}
-	d := c.counter.Take(l.scope, tenant, l.rate, 1, now)
-	return Result{Decision: d, Tenant: tenant, Window: l.scope.Window}
+	r.Decision = c.counter.Take(l.scope, tenant, l.rate, 1, now)
+	r.Tenant, r.Window = tenant, l.scope.Window
+	return r
 }
 
 // Control names what refused the request: tenant_rate, or upstream when
