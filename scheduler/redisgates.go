@@ -647,9 +647,13 @@ func (s *Scheduler) redisSemaphores(now time.Time) []SemaphoreState {
 	return out
 }
 
-// stopRedisGates stops the passes and the tick, then releases every lease
-// still held: nothing on this sidecar tracks its runs once the scheduler
-// is stopped (a restart takes the leases of its RUNNING runs again).
+// stopRedisGates stops the passes and the tick, then gives back the
+// leases of the runs that are not running: nothing on this sidecar tracks
+// its runs once the scheduler is stopped. The lane and permits of a run
+// the worker owns (RUNNING) are abandoned instead: no longer renewed, they
+// stay counted by every sidecar until the lease TTL ends, because the run
+// goes on without this sidecar; a restart takes them again (for up to one
+// TTL both count — the fleet admits less, never more, meanwhile).
 func (s *Scheduler) stopRedisGates() {
 	s.mu.Lock()
 	rg := s.rg
@@ -666,18 +670,32 @@ func (s *Scheduler) stopRedisGates() {
 	s.mu.Lock()
 	releases := rg.releases
 	rg.releases = nil
+	var abandon []window.Held
 	for _, a := range s.active {
 		if held := a.red; held != nil && !held.adopt {
-			releases = append(releases, held.lane)
-			for _, p := range held.permits {
-				releases = append(releases, p.h)
+			hs := append([]window.Held{held.lane}, permitsOf(held)...)
+			if a.getPhase() == phaseAsync {
+				abandon = append(abandon, hs...)
+			} else {
+				releases = append(releases, hs...)
 			}
 		}
 		a.red = nil
 	}
 	clear(rg.adopt)
 	s.mu.Unlock()
+	for _, h := range abandon {
+		h.Abandon()
+	}
 	for _, h := range releases {
 		h.Release(nil)
 	}
+}
+
+func permitsOf(held *redisHeld) []window.Held {
+	out := make([]window.Held, 0, len(held.permits))
+	for _, p := range held.permits {
+		out = append(out, p.h)
+	}
+	return out
 }

@@ -6,6 +6,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -719,4 +720,53 @@ func TestRedisRecoveredRunHoldsItsLane(t *testing.T) {
 		t.Fatalf("delivered %s, want the other sidecar's waiting run", d.body)
 	}
 	other.waitStatus(waiting, "RUNNING")
+}
+
+// A sidecar that stops while its worker still runs an accepted run (202)
+// leaves the run's lane counted: the lease is no longer renewed and
+// expires after the TTL, rather than being given back while the run goes
+// on (which would let the fleet admit one run too many). A run that ended
+// gives its lane back.
+func TestRedisStopAbandonsRunningLanes(t *testing.T) {
+	url := testenv.RedisURL(t)
+	prefix := redistest.Prefix(t, url)
+	w := newWorker(t, func(d delivery) (int, string) {
+		if strings.Contains(d.body, "async") {
+			return 202, ""
+		}
+		return 200, "{}"
+	})
+	sc := newRedisSidecar(t, url, prefix, clock.Real{}, false, w.srv.URL, `
+  lanes: 3
+  definitions:
+    job: {}`)
+	running := sc.submit("job", `{"async":true}`)
+	sc.waitStatus(running, "RUNNING")
+	done := sc.submit("job", `{}`)
+	sc.waitStatus(done, "COMPLETED")
+	rdb := redistest.Client(t, url)
+	cli := sc.red.Client()
+	fasttest.WaitFor(t, "the completed run's lane given back", func() bool {
+		n, err := rdb.ZCard(context.Background(), laneSet(prefix)).Result()
+		return err == nil && n == 1 && cli.Held() == 1
+	})
+
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := sc.s.Shutdown(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if n := cli.Held(); n != 0 {
+		t.Fatalf("the stopped scheduler's client still renews %d leases", n)
+	}
+	members, err := rdb.ZRangeWithScores(context.Background(), laneSet(prefix), 0, -1).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(members) != 1 {
+		t.Fatalf("lane set after the stop: %v, want the RUNNING run's lease left to expire", members)
+	}
+	if left := time.Until(time.UnixMilli(int64(members[0].Score))); left <= 0 || left > redisx.DefaultLeaseTTL {
+		t.Fatalf("abandoned lease expires in %s, want within one lease TTL (%s)", left, redisx.DefaultLeaseTTL)
+	}
 }

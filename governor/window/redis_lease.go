@@ -75,6 +75,14 @@ func (h Held) Release(done func()) {
 	h.cli.Release(h.key, h.holder, done)
 }
 
+// Abandon stops renewing the lease and leaves it in Redis, where it
+// expires after the client's lease TTL (redisx.Client.Forget).
+func (h Held) Abandon() {
+	if h.cli != nil {
+		h.cli.Forget(h.key, h.holder)
+	}
+}
+
 // FailClosed reports whether a decision the shared backend cannot make
 // must be refused (backend.on_error fail_closed, a Redis backend in use).
 func (r *Redis) FailClosed() bool {

@@ -102,6 +102,17 @@ func (c *Client) Release(key, holder string, done func()) {
 	c.mu.RUnlock()
 }
 
+// Forget stops renewing the lease without removing it from its set: it
+// expires there after LeaseTTL. For a lease whose holder outlives this
+// process's interest in it (a run its worker still executes while the
+// sidecar that admitted it stops): the slot stays counted, by every
+// sidecar, until the lease runs out.
+func (c *Client) Forget(key, holder string) {
+	c.l.mu.Lock()
+	delete(c.l.held, leaseRef{key, holder})
+	c.l.mu.Unlock()
+}
+
 // renewer extends every held lease each RenewEvery.
 func (c *Client) renewer() {
 	defer c.wg.Done()
