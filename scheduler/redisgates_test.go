@@ -44,11 +44,18 @@ func newRedisSidecar(t *testing.T, url, prefix string, clk clock.Clock, failClos
 // (pools) and a run store the test keeps (to start a sidecar again on it).
 func startRedisSidecar(t *testing.T, url, prefix string, clk clock.Clock, failClosed bool, workerURL, sched, extra string, st store.Store) *redisSidecar {
 	t.Helper()
+	return startRedisSidecarTTL(t, url, prefix, clk, failClosed, workerURL, sched, extra, st, 0)
+}
+
+// startRedisSidecarTTL is startRedisSidecar with the Redis client's lease
+// TTL (0: the default).
+func startRedisSidecarTTL(t *testing.T, url, prefix string, clk clock.Clock, failClosed bool, workerURL, sched, extra string, st store.Store, ttl time.Duration) *redisSidecar {
+	t.Helper()
 	// Generous deadlines: exact counts must not depend on a busy machine
 	// never stalling 100 ms (the outages here are stopped servers, which
 	// refuse at once).
 	red, err := window.NewRedis(window.RedisConfig{Config: redisx.Config{URL: url, FailClosed: failClosed,
-		DialTimeout: 5 * time.Second, ReadTimeout: 5 * time.Second, WriteTimeout: 5 * time.Second}, Prefix: prefix}, clk, nil, nil)
+		DialTimeout: 5 * time.Second, ReadTimeout: 5 * time.Second, WriteTimeout: 5 * time.Second, LeaseTTL: ttl}, Prefix: prefix}, clk, nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -680,46 +687,51 @@ func TestRedisPoolAndLanesInOneOp(t *testing.T) {
 	})
 }
 
-// A run the worker accepted before its sidecar stopped is taken back as
-// RUNNING at the next start, and its lane is added in Redis again (the
-// stop gave it back), whatever the set holds: another sidecar is held
-// until it completes.
+// A RUNNING run recovered at start holds its lane in Redis again. The
+// lease its previous life abandoned at the stop still counts until it
+// expires (the worker was running the run all along), so for up to one
+// lease TTL the run counts twice: the fleet admits less, never more.
 func TestRedisRecoveredRunHoldsItsLane(t *testing.T) {
 	url := testenv.RedisURL(t)
 	prefix := redistest.Prefix(t, url)
 	w := newWorker(t, func(delivery) (int, string) { return http.StatusAccepted, `` })
 	sched := `
-  lanes: 1
+  lanes: 2
   definitions:
     job: {}`
+	const ttl = 1500 * time.Millisecond
 	st := store.NewMemory()
-	first := startRedisSidecar(t, url, prefix, clock.Real{}, false, w.srv.URL, sched, "", st)
+	first := startRedisSidecarTTL(t, url, prefix, clock.Real{}, false, w.srv.URL, sched, "", st, ttl)
 	id := first.submit("job", `{"r":1}`)
 	w.next(t)
 	first.waitStatus(id, "RUNNING")
 	if err := first.s.Shutdown(context.Background()); err != nil {
 		t.Fatal(err)
 	}
-	fasttest.WaitFor(t, "the stopped scheduler's lane given back", func() bool {
-		n, ok := first.red.LeaseHolders(laneSet(prefix), time.Now())
-		return ok && n == 0
-	})
+	if n, ok := first.red.LeaseHolders(laneSet(prefix), time.Now()); !ok || n != 1 {
+		t.Fatalf("after the stop the lane set holds %d leases (ok %v), want the RUNNING run's 1", n, ok)
+	}
 
-	again := startRedisSidecar(t, url, prefix, clock.Real{}, false, w.srv.URL, sched, "", st)
+	again := startRedisSidecarTTL(t, url, prefix, clock.Real{}, false, w.srv.URL, sched, "", st, ttl)
 	fasttest.WaitFor(t, "the recovered RUNNING run's lane in Redis", func() bool {
 		n, ok := again.red.LeaseHolders(laneSet(prefix), time.Now())
-		return ok && n == 1
+		return ok && n == 2
 	})
-	other := newRedisSidecar(t, url, prefix, clock.Real{}, false, w.srv.URL, sched)
+	other := startRedisSidecarTTL(t, url, prefix, clock.Real{}, false, w.srv.URL, sched, "", store.NewMemory(), ttl)
 	waiting := other.submit("job", `{"r":2}`)
 	other.refusedBy(ControlLanes)
-	if _, err := again.s.Complete(context.Background(), id, Completion{Status: "COMPLETED"}); err != nil {
-		t.Fatal(err)
-	}
+	// The abandoned lease runs out; the recovered run's own is renewed.
+	fasttest.WaitFor(t, "the abandoned lease expired", func() bool {
+		n, ok := again.red.LeaseHolders(laneSet(prefix), time.Now())
+		return ok && n <= 1
+	})
 	if d := w.next(t); d.body != `{"r":2}` {
 		t.Fatalf("delivered %s, want the other sidecar's waiting run", d.body)
 	}
 	other.waitStatus(waiting, "RUNNING")
+	if _, err := again.s.Complete(context.Background(), id, Completion{Status: "COMPLETED"}); err != nil {
+		t.Fatal(err)
+	}
 }
 
 // A sidecar that stops while its worker still runs an accepted run (202)
