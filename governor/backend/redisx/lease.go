@@ -5,10 +5,13 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"math"
+	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/redis/go-redis/v9"
 )
 
 // DefaultLeaseTTL is how long a lease lives without renewal: the time a
@@ -130,8 +133,11 @@ func (c *Client) renewer() {
 }
 
 // renew sends one renewal of every held lease (per chunk). While Redis is
-// down nothing is sent; a lease whose renewals failed for longer than
-// LeaseTTL is gone when Redis answers again, and stays gone.
+// down nothing is sent. A lease Redis no longer has — it restarted empty,
+// or the lease expired because renewals failed for longer than LeaseTTL —
+// is added back if this client still holds it: its holder runs, so its set
+// must count it, even past the limit (the set then admits nobody until
+// enough holders end, rather than admitting one more than the limit).
 func (c *Client) renew() {
 	c.l.mu.Lock()
 	refs := make([]leaseRef, 0, len(c.l.held))
@@ -143,30 +149,61 @@ func (c *Client) renew() {
 		return
 	}
 	expiry := c.h.clk.Now().Add(c.cfg.LeaseTTL).UnixMilli()
-	var lost int64
+	var gone []leaseRef
 	for start := 0; start < len(refs); start += leaseChunk {
 		chunk := refs[start:min(start+leaseChunk, len(refs))]
-		args := make([]any, 3, 5+2*len(chunk))
-		args[2] = len(chunk)
-		for _, r := range chunk {
-			args = append(args, r.key)
-		}
-		args = append(args, expiry, c.cfg.LeaseTTL.Milliseconds())
-		for _, r := range chunk {
-			args = append(args, r.holder)
-		}
-		t := time.Now()
-		n, err := renewScript.run(context.Background(), c.rdb, args).Int64()
-		c.observe("renew", t, err)
+		idx, err := c.leaseCall(renewScript, "renew", chunk, expiry).Int64Slice()
 		if err != nil {
 			return
 		}
-		lost += n
+		for _, i := range idx {
+			if i >= 1 && int(i) <= len(chunk) {
+				gone = append(gone, chunk[i-1])
+			}
+		}
 	}
-	if lost > 0 && c.errLog.allow(time.Now()) {
-		c.log.Warn("leases had expired before their renewal (renewals failed or stalled for longer than the lease); their holders run on without a shared slot",
-			"lost", lost, "lease", c.cfg.LeaseTTL)
+	if len(gone) == 0 {
+		return
 	}
+	// Released since the snapshot: its removal may have been applied
+	// already; adding it back would hold a slot for nobody until it
+	// expires.
+	c.l.mu.Lock()
+	gone = slices.DeleteFunc(gone, func(r leaseRef) bool {
+		_, held := c.l.held[r]
+		return !held
+	})
+	c.l.mu.Unlock()
+	readded := 0
+	for start := 0; start < len(gone); start += leaseChunk {
+		chunk := gone[start:min(start+leaseChunk, len(gone))]
+		if err := c.leaseCall(readdScript, "renew", chunk, expiry).Err(); err != nil {
+			break
+		}
+		readded += len(chunk)
+	}
+	if readded > 0 && c.errLog.allow(time.Now()) {
+		c.log.Warn("leases Redis had lost (restarted empty, or renewals failed for longer than the lease) were added back; their sets may count more than their limits until those holders end",
+			"readded", readded, "lease", c.cfg.LeaseTTL)
+	}
+}
+
+// leaseCall runs a renew-shaped script (renewScript, readdScript) over refs,
+// measured as op.
+func (c *Client) leaseCall(s *Script, op string, refs []leaseRef, expiry int64) *redis.Cmd {
+	args := make([]any, 3, 5+2*len(refs))
+	args[2] = len(refs)
+	for _, r := range refs {
+		args = append(args, r.key)
+	}
+	args = append(args, expiry, c.cfg.LeaseTTL.Milliseconds())
+	for _, r := range refs {
+		args = append(args, r.holder)
+	}
+	t := time.Now()
+	cmd := s.run(context.Background(), c.rdb, args)
+	c.observe(op, t, cmd.Err())
+	return cmd
 }
 
 // RenewNow renews every held lease at once, for tests that move a fake

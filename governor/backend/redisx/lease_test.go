@@ -113,24 +113,36 @@ func TestLeaseGate(t *testing.T) {
 				t.Fatal("the expired holder is still in the set")
 			}
 		}},
-		{"a renewed lease outlives its first expiry; a lost one is not resurrected", func(t *testing.T, c *Client, clk *clock.Fake, set, win string) {
+		{"a renewed lease outlives its first expiry; one Redis lost is added back while held, even past the limit", func(t *testing.T, c *Client, clk *clock.Fake, set, win string) {
 			h := c.NewHolder()
 			admitLease(t, c, set, h, 1, clk.Now(), "", 0)
 			c.Hold(set, h)
-			rdb.ZAdd(ctx, set+"x", redisZ(clk.Now(), "gone"))
-			c.Hold(set+"x", "never-there")
+			// set+"x" is full with another holder, and Redis lost this
+			// client's lease there (a restart, say): it still runs.
+			rdb.ZAdd(ctx, set+"x", redisZ(clk.Now().Add(ttl), "other"))
+			c.Hold(set+"x", "lost")
+			// A lease released before the renewal stays released.
+			c.Hold(set+"x", "released")
+			c.Release(set+"x", "released", nil)
 			clk.Advance(ttl / 2)
 			c.RenewNow()
 			clk.Advance(ttl/2 + time.Second)
 			if _, ok := admitLease(t, c, set, "b", 1, clk.Now(), "", 0); ok {
 				t.Fatal("a renewed lease expired at its first expiry")
 			}
-			if rdb.ZScore(ctx, set+"x", "never-there").Err() == nil {
-				t.Fatal("renewal added a lease that was not there")
+			score, err := rdb.ZScore(ctx, set+"x", "lost").Result()
+			if err != nil {
+				t.Fatalf("the lost lease of a live holder was not added back: %v", err)
+			}
+			if expiry := time.UnixMilli(int64(score)); !expiry.After(clk.Now()) {
+				t.Fatalf("re-added lease expires at %v, before now (%v): it is not renewed", expiry, clk.Now())
+			}
+			if rdb.ZScore(ctx, set+"x", "released").Err() == nil {
+				t.Fatal("renewal added back a lease its holder had released")
 			}
 			rdb.Del(ctx, set+"x")
 			c.Release(set, h, nil)
-			c.Release(set+"x", "never-there", nil)
+			c.Release(set+"x", "lost", nil)
 		}},
 		{"release removes the holder once; twice is harmless", func(t *testing.T, c *Client, clk *clock.Fake, set, win string) {
 			h := c.NewHolder()

@@ -149,21 +149,35 @@ return c
 `
 
 // renewBody extends held leases. KEYS: one lease set per lease (repeats
-// allowed). ARGV: expiry_ms, ttl_ms, then one holder per key. A lease
-// that is gone (it expired before this renewal and was swept, or it was
-// released) is not added back: its slot may be someone else's by now.
-// Reply: how many leases were gone.
+// allowed). ARGV: expiry_ms, ttl_ms, then one holder per key. A lease that
+// is gone (Redis restarted empty or lost it, or it expired because
+// renewals failed for longer than the lease) is not touched here: the
+// reply lists the 1-based positions of those, and the client adds back
+// the ones it still holds (readdBody) — having checked, after this reply,
+// that they were not released meanwhile.
 const renewBody = `
-local lost = 0
+local gone = {}
 for i = 1, #KEYS do
   if redis.call('ZSCORE', KEYS[i], ARGV[i + 2]) then
     redis.call('ZADD', KEYS[i], ARGV[1], ARGV[i + 2])
     redis.call('PEXPIRE', KEYS[i], ARGV[2])
   else
-    lost = lost + 1
+    gone[#gone + 1] = i
   end
 end
-return lost
+return gone
+`
+
+// readdBody adds back leases Redis lost while their holders still run,
+// whatever their sets hold: the set then counts what really runs, even
+// past its limit, and admits nobody until enough of them end. KEYS and
+// ARGV as renewBody. Reply: how many were added.
+const readdBody = `
+for i = 1, #KEYS do
+  redis.call('ZADD', KEYS[i], ARGV[1], ARGV[i + 2])
+  redis.call('PEXPIRE', KEYS[i], ARGV[2])
+end
+return #KEYS
 `
 
 // Script is a Lua script run with EVALSHA, falling back to EVAL when the
@@ -183,6 +197,7 @@ var (
 	admitScript  = NewScript(admitBody)
 	refundScript = NewScript(refundBody)
 	renewScript  = NewScript(renewBody)
+	readdScript  = NewScript(readdBody)
 )
 
 // run executes the script; args is the whole command with its first two
