@@ -6,8 +6,11 @@ import (
 	"testing"
 
 	"github.com/warden-dev/warden/governor"
+	"github.com/warden-dev/warden/governor/backend/redisx"
+	"github.com/warden-dev/warden/governor/backend/redisx/redistest"
 	"github.com/warden-dev/warden/governor/clock"
 	"github.com/warden-dev/warden/governor/window"
+	"github.com/warden-dev/warden/internal/testenv"
 	"github.com/warden-dev/warden/policy"
 	"github.com/warden-dev/warden/scheduler/store"
 )
@@ -33,6 +36,49 @@ scheduler:
 		return Reply{Status: 200}
 	}})
 	if err := s.Apply(context.Background(), governor.New(clock.Real{}, nil, window.NewMemory(clock.Real{})).Apply(p)); err != nil {
+		b.Fatal(err)
+	}
+	defer s.Shutdown(context.Background())
+	inputs := [][]byte{[]byte(`{"k":"a"}`), []byte(`{"k":"b"}`), []byte(`{"k":"c"}`), []byte(`{"k":"d"}`)}
+	b.ReportAllocs()
+	wg.Add(b.N)
+	b.ResetTimer()
+	for i := range b.N {
+		if _, _, err := s.Submit(context.Background(), SubmitRequest{Name: "job", Input: inputs[i%len(inputs)]}); err != nil {
+			b.Fatal(err)
+		}
+	}
+	wg.Wait()
+}
+
+// BenchmarkRunLifecycleRedisLanes is BenchmarkRunLifecycle with the lanes
+// shared through Redis (the machine's Redis, a key prefix of its own): each
+// admission is one round trip, made one at a time by the sidecar's pass.
+func BenchmarkRunLifecycleRedisLanes(b *testing.B) {
+	url := testenv.RedisURL(b)
+	prefix := redistest.Prefix(b, url)
+	p, err := policy.Parse("b.yaml", []byte(`version: 1
+ingress: { listen: 127.0.0.1:0, worker: http://127.0.0.1:9 }
+scheduler:
+  lanes: 64
+  worker_max_concurrent: 64
+  definitions:
+    job: { key: "${input.k}", key_concurrency: 8 }
+`))
+	if err != nil {
+		b.Fatal(err)
+	}
+	red, err := window.NewRedis(window.RedisConfig{Config: redisx.Config{URL: url}, Prefix: prefix}, clock.Real{}, nil, nil)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer red.Close()
+	var wg sync.WaitGroup
+	s := New(Options{Store: store.NewMemory(), Counter: red, Deliver: func(context.Context, Delivery) Reply {
+		wg.Done()
+		return Reply{Status: 200}
+	}})
+	if err := s.Apply(context.Background(), governor.New(clock.Real{}, nil, red).Apply(p)); err != nil {
 		b.Fatal(err)
 	}
 	defer s.Shutdown(context.Background())
