@@ -81,7 +81,10 @@ type redisGates struct {
 	notes     map[string]string
 	poolNotes map[string]string // by pool ID
 	global    string
-	releases  []window.Held
+	// free is how many lanes the last answer left free: how many
+	// admissions the next round asks at once (see redisAdmit).
+	free     int
+	releases []window.Held
 	// adopt lists admissions that hold no lease in Redis although they
 	// run: admitted while Redis could not decide (fail_open), or running
 	// when this sidecar started (recovered RUNNING runs).
@@ -193,46 +196,103 @@ type claim struct {
 	control string            // the pool's refusal, or upstream
 	got     []window.LeaseGot // the lease gates' outcome when Redis decided them
 	lease   pool.Lease        // the pool's admission
+	refused string            // set by settleLocked: the refusing control, "" for a drain
 }
 
-// redisAdmit admits waiting runs one at a time, each one round trip with
-// Scheduler.mu released, until nothing more can start. It reports whether
-// a run was refused by a gate whose freeing nobody announces (retry on
-// the tick).
+// maxInFlight bounds the admissions one pass asks Redis at once.
+const maxInFlight = 16
+
+// redisAdmit admits waiting runs, each one round trip with Scheduler.mu
+// released, until nothing more can start. It reports whether a run was
+// refused by a gate whose freeing nobody announces (retry on the tick).
+//
+// Several admissions travel together — the client's batcher sends them in
+// one script call — as many as the lanes had free at the last answer
+// (rg.free; at most maxInFlight). While lanes are plenty, their order does
+// not matter: all of them start. When lanes are scarce, rg.free is 1 and
+// admissions go one at a time, best first, so a sidecar's own priority
+// order holds where it decides who starts.
 func (s *Scheduler) redisAdmit(rg *redisGates) (retry bool) {
 	s.mu.Lock()
 	s.pass++
 	for {
-		c := s.pickLocked(rg)
-		if c == nil {
+		var claims []*claim
+		for len(claims) < max(rg.free, 1) {
+			c := s.pickLocked(rg)
+			if c == nil {
+				break
+			}
+			claims = append(claims, c)
+		}
+		if len(claims) == 0 {
 			s.mu.Unlock()
 			return retry
 		}
 		s.mu.Unlock()
-		s.takeGates(rg, c)
+		if len(claims) == 1 {
+			s.takeGates(rg, claims[0])
+		} else {
+			var wg sync.WaitGroup
+			for _, c := range claims {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					s.takeGates(rg, c)
+				}()
+			}
+			wg.Wait()
+		}
 		now := s.clk.Now()
+		var started []*active
+		var refused []*claim
+		stop := false
+		free := maxInFlight
 		s.mu.Lock()
-		admitted, control, stop := s.settleLocked(rg, c, now)
+		cfg := s.cfgPtr.Load()
+		for _, c := range claims {
+			admitted, control, halt := s.settleLocked(rg, c, now)
+			c.refused = control
+			stop = stop || halt
+			if admitted {
+				started = append(started, c.a)
+			} else {
+				refused = append(refused, c)
+			}
+			free = min(free, lanesFree(cfg, c, admitted))
+		}
+		rg.free = free
 		s.mu.Unlock()
-		if !admitted {
+		for _, c := range refused {
 			giveBack(c)
+			switch control := c.refused; {
+			case control == "":
+				// Put back because a drain began.
+			case control == pool.ControlRate:
+				c.a.def.pool.WatchWindow() // woken at the window's boundary
+			case control != pool.ControlQueue:
+				retry = true
+			}
 		}
-		switch {
-		case admitted:
-			s.launch([]*active{c.a})
-		case control == "":
-			// Put back because a drain began.
-		case control == pool.ControlRate:
-			c.a.def.pool.WatchWindow() // woken at the window's boundary
-		case control != pool.ControlQueue:
-			retry = true
-		}
+		s.launch(started)
 		s.mu.Lock()
 		if stop {
 			s.mu.Unlock()
 			return retry
 		}
 	}
+}
+
+// lanesFree is how many lanes c's answer says are free after it: what the
+// next round may ask for at once. Unknown (no answer from Redis, no
+// config) counts as one; a refusal as none.
+func lanesFree(cfg *config, c *claim, admitted bool) int {
+	if !admitted || len(c.got) == 0 || cfg == nil {
+		if admitted {
+			return 1
+		}
+		return 0
+	}
+	return max(int(int64(cfg.lanes)-c.got[0].Holders), 0)
 }
 
 // pickLocked takes the best waiting run that this sidecar's own gates

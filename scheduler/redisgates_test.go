@@ -779,3 +779,55 @@ func TestRedisStopAbandonsRunningLanes(t *testing.T) {
 		t.Fatalf("abandoned lease expires in %s, want within one lease TTL (%s)", left, redisx.DefaultLeaseTTL)
 	}
 }
+
+// With lanes scarce, admissions through Redis go one at a time, best
+// first: a sidecar's own priority order holds (then age), even when its
+// own lanes are free and the shared ones are not (another sidecar holds
+// them).
+func TestRedisLanesKeepPriorityOrder(t *testing.T) {
+	url := testenv.RedisURL(t)
+	prefix := redistest.Prefix(t, url)
+	w, g := gatedByBody(t)
+	sched := `
+  lanes: 3
+  definitions:
+    lo: { priority: 0 }
+    hi: { priority: 5 }`
+	other := newRedisSidecar(t, url, prefix, clock.Real{}, false, w.srv.URL, sched)
+	sc := newRedisSidecar(t, url, prefix, clock.Real{}, false, w.srv.URL, sched)
+	for i := range 2 {
+		other.submit("lo", fmt.Sprintf(`{"n":"other%d"}`, i))
+		w.next(t)
+	}
+	holder := sc.submit("lo", `{"n":"holder"}`)
+	if d := w.next(t); d.body != `{"n":"holder"}` {
+		t.Fatalf("third delivery %s, want the holder", d.body)
+	}
+	var want []string
+	for i := range 4 {
+		sc.submit("lo", fmt.Sprintf(`{"n":"lo%d"}`, i))
+	}
+	for i := range 4 {
+		sc.submit("hi", fmt.Sprintf(`{"n":"hi%d"}`, i))
+		want = append(want, fmt.Sprintf(`{"n":"hi%d"}`, i))
+	}
+	for i := range 4 {
+		want = append(want, fmt.Sprintf(`{"n":"lo%d"}`, i))
+	}
+	sc.refusedBy(ControlLanes)
+	g.release(`{"n":"holder"}`)
+	sc.waitStatus(holder, "COMPLETED")
+	for _, body := range want {
+		d := w.next(t)
+		if d.body != body {
+			t.Fatalf("delivered %s, want %s (priority, then age)", d.body, body)
+		}
+		g.release(d.body)
+	}
+	if m := w.max(); m != 3 {
+		t.Fatalf("%d runs at the worker at once, want the 3 lanes", m)
+	}
+	for i := range 2 {
+		g.release(fmt.Sprintf(`{"n":"other%d"}`, i))
+	}
+}
