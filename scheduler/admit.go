@@ -89,21 +89,7 @@ func (s *Scheduler) admitLocked(now time.Time) []*active {
 	s.pass++
 	var out []*active
 	for s.running < limit {
-		var best *definition
-		var top item
-		for _, d := range cfg.order {
-			if d.skip == s.pass {
-				continue
-			}
-			dq := s.q.defs[d.name]
-			if dq == nil {
-				continue
-			}
-			it, ok := s.q.head(dq)
-			if ok && (best == nil || it.before(top)) {
-				best, top = d, it
-			}
-		}
+		best, top := s.bestHeadLocked(cfg)
 		if best == nil {
 			break
 		}
@@ -140,6 +126,25 @@ func (s *Scheduler) admitLocked(now time.Time) []*active {
 		}
 	}
 	return out
+}
+
+// bestHeadLocked is the waiting run to admit next: the best head
+// (priority, then age) among the definitions not skipped in this pass;
+// best is nil when there is none.
+func (s *Scheduler) bestHeadLocked(cfg *config) (best *definition, top item) {
+	for _, d := range cfg.order {
+		if d.skip == s.pass {
+			continue
+		}
+		dq := s.q.defs[d.name]
+		if dq == nil {
+			continue
+		}
+		if it, ok := s.q.head(dq); ok && (best == nil || it.before(top)) {
+			best, top = d, it
+		}
+	}
+	return best, top
 }
 
 // reserveLocked admits a run that is being submitted, before it has an id,

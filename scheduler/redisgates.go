@@ -286,11 +286,11 @@ func (s *Scheduler) redisAdmit(rg *redisGates) (retry bool) {
 // next round may ask for at once. Unknown (no answer from Redis, no
 // config) counts as one; a refusal as none.
 func lanesFree(cfg *config, c *claim, admitted bool) int {
-	if !admitted || len(c.got) == 0 || cfg == nil {
-		if admitted {
-			return 1
-		}
+	switch {
+	case !admitted:
 		return 0
+	case len(c.got) == 0 || cfg == nil:
+		return 1
 	}
 	return max(int(int64(cfg.lanes)-c.got[0].Holders), 0)
 }
@@ -306,21 +306,7 @@ func (s *Scheduler) pickLocked(rg *redisGates) *claim {
 	}
 	limit, _ := cfg.limit()
 	for s.running < limit {
-		var best *definition
-		var top item
-		for _, d := range cfg.order {
-			if d.skip == s.pass {
-				continue
-			}
-			dq := s.q.defs[d.name]
-			if dq == nil {
-				continue
-			}
-			it, ok := s.q.head(dq)
-			if ok && (best == nil || it.before(top)) {
-				best, top = d, it
-			}
-		}
+		best, top := s.bestHeadLocked(cfg)
 		if best == nil {
 			return nil
 		}
@@ -542,10 +528,7 @@ func (s *Scheduler) dropRedisLocked(a *active) {
 		delete(rg.adopt, a)
 		return
 	}
-	rg.releases = append(rg.releases, held.lane)
-	for _, p := range held.permits {
-		rg.releases = append(rg.releases, p.h)
-	}
+	rg.releases = append(rg.releases, held.leases()...)
 	// Release only: whoever released decides whether to admit now (a
 	// failing store must not make admissions spin, see admissionFailed).
 	s.pokeRedisLocked(false)
@@ -733,7 +716,7 @@ func (s *Scheduler) stopRedisGates() {
 	var abandon []window.Held
 	for _, a := range s.active {
 		if held := a.red; held != nil && !held.adopt {
-			hs := append([]window.Held{held.lane}, permitsOf(held)...)
+			hs := held.leases()
 			if a.getPhase() == phaseAsync {
 				abandon = append(abandon, hs...)
 			} else {
@@ -752,9 +735,12 @@ func (s *Scheduler) stopRedisGates() {
 	}
 }
 
-func permitsOf(held *redisHeld) []window.Held {
-	out := make([]window.Held, 0, len(held.permits))
-	for _, p := range held.permits {
+// leases lists everything the admission holds in Redis: its lane, then
+// its permits.
+func (h *redisHeld) leases() []window.Held {
+	out := make([]window.Held, 0, 1+len(h.permits))
+	out = append(out, h.lane)
+	for _, p := range h.permits {
 		out = append(out, p.h)
 	}
 	return out

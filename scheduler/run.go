@@ -75,13 +75,7 @@ func (s *Scheduler) startWritten(a *active, err error) {
 	go func() {
 		defer s.deliveries.Done()
 		if _, ok := a.end(); ok {
-			s.mu.Lock()
-			s.releaseLocked(a)
-			requeue := !errors.Is(err, store.ErrConflict) && !errors.Is(err, store.ErrNotFound) && !s.draining && !s.closed
-			if requeue {
-				s.q.push(a.q, a.key, a.seq, a.prio, a.queuedAt)
-			}
-			s.mu.Unlock()
+			s.unadmit(a, err)
 		}
 		s.log.Error("admission not recorded after the delivery started; the run may reach the worker again with the same attempt",
 			"run", formatID(a.seq), "err", err)
@@ -111,18 +105,24 @@ func (s *Scheduler) deliverRecorded(a *active, r store.Run) {
 func (s *Scheduler) admissionFailed(a *active, err error) {
 	a.end()
 	a.lease.Refund()
-	s.mu.Lock()
-	s.releaseLocked(a)
-	requeue := !errors.Is(err, store.ErrConflict) && !errors.Is(err, store.ErrNotFound) && !s.draining && !s.closed
-	if requeue {
-		s.q.push(a.q, a.key, a.seq, a.prio, a.queuedAt)
-	}
-	s.mu.Unlock()
+	s.unadmit(a, err)
 	if !errors.Is(err, store.ErrClosed) && !errors.Is(err, context.Canceled) {
 		s.log.Error("admission not recorded; run returned to the queue", "run", formatID(a.seq), "err", err)
 	}
 	// No immediate pass: a failing store would spin. The next event
 	// (submission, completion, boundary) retries.
+}
+
+// unadmit frees what an admission whose STARTING write failed with err
+// holds and puts the run back in the queue, unless the store says it is not
+// QUEUED any more (a conflict, an unknown run) or the scheduler is stopping.
+func (s *Scheduler) unadmit(a *active, err error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.releaseLocked(a)
+	if !errors.Is(err, store.ErrConflict) && !errors.Is(err, store.ErrNotFound) && !s.draining && !s.closed {
+		s.q.push(a.q, a.key, a.seq, a.prio, a.queuedAt)
+	}
 }
 
 // handleReply moves the run on after the worker answered.
