@@ -3,8 +3,6 @@ package scheduler
 import (
 	"context"
 	"fmt"
-	"io"
-	"net"
 	"net/http"
 	"strings"
 	"sync"
@@ -501,115 +499,13 @@ func TestRedisPermitSweptWithoutHeartbeat(t *testing.T) {
 	}
 }
 
-// holdProxy forwards TCP to Redis and, while holding, keeps what clients
-// send until let go: a round trip lasts as long as the test wants.
-type holdProxy struct {
-	ln     net.Listener
-	mu     sync.Mutex
-	gate   chan struct{} // closed while traffic flows
-	waited chan struct{} // gets a value when traffic is held back
-}
-
-func newHoldProxy(t *testing.T, target string) *holdProxy {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	open := make(chan struct{})
-	close(open)
-	p := &holdProxy{ln: ln, gate: open, waited: make(chan struct{}, 1)}
-	var conns sync.WaitGroup
-	t.Cleanup(func() {
-		ln.Close()
-		p.letGo()
-		conns.Wait()
-	})
-	conns.Add(1)
-	go func() {
-		defer conns.Done()
-		for {
-			client, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			server, err := net.Dial("tcp", target)
-			if err != nil {
-				client.Close()
-				continue
-			}
-			conns.Add(2)
-			go func() {
-				defer conns.Done()
-				defer server.Close()
-				buf := make([]byte, 16<<10)
-				for {
-					n, err := client.Read(buf)
-					if n > 0 {
-						p.pass()
-						if _, werr := server.Write(buf[:n]); werr != nil {
-							return
-						}
-					}
-					if err != nil {
-						return
-					}
-				}
-			}()
-			go func() {
-				defer conns.Done()
-				defer client.Close()
-				io.Copy(client, server)
-			}()
-		}
-	}()
-	return p
-}
-
-// pass waits while the proxy holds traffic.
-func (p *holdProxy) pass() {
-	p.mu.Lock()
-	gate := p.gate
-	p.mu.Unlock()
-	select {
-	case <-gate:
-		return
-	default:
-	}
-	select {
-	case p.waited <- struct{}{}:
-	default:
-	}
-	<-gate
-}
-
-func (p *holdProxy) hold() {
-	p.mu.Lock()
-	p.gate = make(chan struct{})
-	p.mu.Unlock()
-}
-
-func (p *holdProxy) letGo() {
-	p.mu.Lock()
-	select {
-	case <-p.gate:
-	default:
-		close(p.gate)
-	}
-	p.mu.Unlock()
-}
-
 // While an admission waits on Redis, the scheduler's lock is free: views,
 // submissions and queue reads go on (the pass asks Redis unlocked).
 func TestRedisAdmissionNeverHoldsTheLock(t *testing.T) {
 	url := testenv.RedisURL(t)
-	opt, err := redis.ParseURL(url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	proxy := newHoldProxy(t, opt.Addr)
+	proxy := redistest.NewStallProxy(t, url)
 	w := newWorker(t, nil)
-	sc := newRedisSidecar(t, fmt.Sprintf("redis://%s/%d", proxy.ln.Addr(), opt.DB), redistest.Prefix(t, url),
+	sc := newRedisSidecar(t, proxy.URL, redistest.Prefix(t, url),
 		clock.Real{}, false, w.srv.URL, `
   lanes: 5
   definitions:
@@ -618,9 +514,9 @@ func TestRedisAdmissionNeverHoldsTheLock(t *testing.T) {
 	w.next(t)
 	sc.waitStatus(warm, "COMPLETED")
 
-	proxy.hold()
+	proxy.Stall()
 	held := sc.submit("job", `{"r":1}`)
-	<-proxy.waited // its admission is on the wire, held back
+	<-proxy.Held() // its admission is on the wire, held back
 	done := make(chan error, 1)
 	go func() {
 		v, err := sc.s.Get(context.Background(), held)
@@ -646,7 +542,7 @@ func TestRedisAdmissionNeverHoldsTheLock(t *testing.T) {
 		t.Fatalf("run %s delivered while Redis was held back: the test proved nothing", d.body)
 	default:
 	}
-	proxy.letGo()
+	proxy.Resume()
 	sc.waitStatus(held, "COMPLETED")
 }
 

@@ -4,8 +4,6 @@ import (
 	"bufio"
 	"context"
 	"fmt"
-	"io"
-	"net"
 	"os"
 	"os/exec"
 	"sync"
@@ -353,115 +351,25 @@ func TestSharedOnFreeForRemoteRelease(t *testing.T) {
 	}
 }
 
-// stallProxy forwards TCP to a real Redis and can hold back what the
-// client sends, to keep an admission on the wire for as long as a test
-// needs. It reports when held bytes arrive.
-type stallProxy struct {
-	ln      net.Listener
-	target  string
-	mu      sync.Mutex
-	stalled bool
-	resume  chan struct{}
-	held    chan struct{} // gets a value when bytes arrive while stalled
-}
-
-func newStallProxy(t *testing.T, target string) *stallProxy {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	p := &stallProxy{ln: ln, target: target, resume: make(chan struct{}), held: make(chan struct{}, 1)}
-	var wg sync.WaitGroup
-	t.Cleanup(func() { ln.Close(); p.release(); wg.Wait() })
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			u, err := net.Dial("tcp", target)
-			if err != nil {
-				c.Close()
-				continue
-			}
-			wg.Add(2)
-			go func() { defer wg.Done(); p.pipe(u, c, true); u.Close() }()
-			go func() { defer wg.Done(); io.Copy(c, u); c.Close() }()
-		}
-	}()
-	return p
-}
-
-// pipe copies src to dst; client-to-server traffic waits while stalled.
-func (p *stallProxy) pipe(dst, src net.Conn, fromClient bool) {
-	buf := make([]byte, 32<<10)
-	for {
-		n, err := src.Read(buf)
-		if n > 0 && fromClient {
-			p.mu.Lock()
-			stalled, resume := p.stalled, p.resume
-			p.mu.Unlock()
-			if stalled {
-				select {
-				case p.held <- struct{}{}:
-				default:
-				}
-				<-resume
-			}
-		}
-		if n > 0 {
-			if _, err := dst.Write(buf[:n]); err != nil {
-				return
-			}
-		}
-		if err != nil {
-			return
-		}
-	}
-}
-
-func (p *stallProxy) stall() {
-	p.mu.Lock()
-	p.stalled, p.resume = true, make(chan struct{})
-	p.mu.Unlock()
-}
-
-func (p *stallProxy) release() {
-	p.mu.Lock()
-	if p.stalled {
-		p.stalled = false
-		close(p.resume)
-	}
-	p.mu.Unlock()
-}
-
 // While an admission is on the wire to Redis, the pool's lock is free:
 // another caller's bookkeeping (here: subscribing to OnFree, which takes
 // only the lock) does not wait for the round trip.
 func TestSharedPoolNeverLocksAcrossRedis(t *testing.T) {
 	url := testenv.RedisURL(t)
-	opt, err := redis.ParseURL(url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	proxy := newStallProxy(t, opt.Addr)
-	proxied := fmt.Sprintf("redis://%s/%d", proxy.ln.Addr(), opt.DB)
-	p, _ := sidecar(t, proxied, redistest.Prefix(t, url), clock.Real{}, false, policy.Pool{Name: "p", Concurrency: 2})
+	proxy := redistest.NewStallProxy(t, url)
+	p, _ := sidecar(t, proxy.URL, redistest.Prefix(t, url), clock.Real{}, false, policy.Pool{Name: "p", Concurrency: 2})
 	warm := mustTry(t, p, time.Now()) // connections dialled, scripts loaded
 	warm.Release()
 	p.Snapshot(time.Now()) // through the batcher: the release above has landed
 
-	proxy.stall()
+	proxy.Stall()
 	admitted := make(chan bool, 1)
 	go func() {
 		l, _, ok := p.TryAcquire(time.Now())
 		l.Release()
 		admitted <- ok
 	}()
-	<-proxy.held // the admission is on the wire, held back
+	<-proxy.Held() // the admission is on the wire, held back
 	subscribed := make(chan struct{})
 	go func() { p.OnFree(func() {}); close(subscribed) }()
 	select {
@@ -474,7 +382,7 @@ func TestSharedPoolNeverLocksAcrossRedis(t *testing.T) {
 		t.Fatal("the admission finished while Redis was held back: the test proved nothing")
 	default:
 	}
-	proxy.release()
+	proxy.Resume()
 	if !<-admitted {
 		t.Fatal("admission refused after Redis answered")
 	}
