@@ -15,6 +15,7 @@ import (
 	"syscall"
 
 	"github.com/warden-dev/warden/cmd/warden/app"
+	"github.com/warden-dev/warden/internal/gcfloor"
 	"github.com/warden-dev/warden/policy"
 )
 
@@ -125,6 +126,15 @@ func runCmd(args []string, stderr io.Writer) int {
 	if err != nil {
 		fmt.Fprintln(stderr, "warden run:", err)
 		return 2
+	}
+
+	// GOGC in the environment is the operator's choice; without it the
+	// collector keeps a heap goal of at least gcfloor.Default (README,
+	// "Memory and GC").
+	if os.Getenv("GOGC") == "" {
+		f := gcfloor.Start(gcfloor.Default)
+		defer f.Stop()
+		log.Debug("GC heap goal floor", "bytes", gcfloor.Default)
 	}
 
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)

@@ -43,6 +43,7 @@ import (
 	"github.com/warden-dev/warden/governor/clock"
 	"github.com/warden-dev/warden/governor/metrics"
 	"github.com/warden-dev/warden/governor/window"
+	"github.com/warden-dev/warden/internal/gcfloor"
 	"github.com/warden-dev/warden/policy"
 	"github.com/warden-dev/warden/proxy/rls"
 )
@@ -80,6 +81,14 @@ func main() {
 	flag.StringVar(&o.profile, "rls-cpuprofile", "", "write the RLS server's CPU profile to FILE.memory / FILE.redis")
 	flag.Parse()
 	log.SetFlags(0)
+	if o.child != "baseline" && os.Getenv("GOGC") == "" {
+		// The admit and rls children stand in for `warden run`: the same GC
+		// setting. The parent is the RLS load generator, standing in for
+		// Envoy's C++ client: its collections should not take the shared
+		// cores from the server it measures. The baseline stands in for
+		// envoyproxy/ratelimit, a Go service run with the default GOGC.
+		defer gcfloor.Start(gcfloor.Default).Stop()
+	}
 	switch o.child {
 	case "admit":
 		report(runAdmit(o))
@@ -522,6 +531,12 @@ func parent(o options) {
 	fmt.Println("Redis's and the load generator's time are not in it): it holds on a busy machine where decisions/s does not.")
 	fmt.Println("RLS load: a lean HTTP/2 gRPC client (raw frames, like Envoy's C++ client) unless the row says grpc-go; the")
 	fmt.Println("load generator runs on the same cores as the server and Redis.")
+	if os.Getenv("GOGC") == "" {
+		fmt.Println("GC: warden's processes and the load generator keep `warden run`'s 16 MiB heap-goal floor (internal/gcfloor);")
+		fmt.Println("the INCR+EXPIRE baseline runs with Go's default GOGC. Set GOGC to run every process with that value instead.")
+	} else {
+		fmt.Printf("GC: every process with GOGC=%s (the environment's; no heap-goal floor).\n", os.Getenv("GOGC"))
+	}
 	if failed {
 		os.Exit(1)
 	}
