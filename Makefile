@@ -54,7 +54,7 @@ fmt-check:
 
 bench-limits:
 	@mkdir -p bench/out
-	$(GO) test -run='^$$' -bench=. -benchmem -cpu=1,2 -count=1 ./bench/limits/ | tee bench/out/limits.txt
+	$(GO) test -run='^$$' -bench=. -benchmem -cpu=1,2 -count=3 ./bench/limits/ | tee bench/out/limits.txt
 	$(GO) run ./bench/cmd/benchtab limits < bench/out/limits.txt
 
 # pgbench directly, through a warden bridge and through PgBouncer (session

@@ -6,9 +6,11 @@ package main
 
 import (
 	"bufio"
+	"cmp"
 	"fmt"
 	"os"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 )
@@ -50,7 +52,7 @@ func main() {
 		fmt.Fprintln(os.Stderr, "usage: benchtab limits < go-test-bench-output")
 		os.Exit(2)
 	}
-	res := map[string]map[int]result{} // name -> GOMAXPROCS -> result
+	runs := map[string]map[int][]result{} // name -> GOMAXPROCS -> every run (go test -count)
 	var procs []int
 	seen := map[int]bool{}
 	sc := bufio.NewScanner(os.Stdin)
@@ -67,13 +69,23 @@ func main() {
 		r.nsPerOp, _ = strconv.ParseFloat(m[3], 64)
 		r.bytesPerOp, _ = strconv.ParseFloat(m[4], 64)
 		r.allocsPerOp, _ = strconv.ParseFloat(m[5], 64)
-		if res[m[1]] == nil {
-			res[m[1]] = map[int]result{}
+		if runs[m[1]] == nil {
+			runs[m[1]] = map[int][]result{}
 		}
-		res[m[1]][p] = r
+		runs[m[1]][p] = append(runs[m[1]][p], r)
 		if !seen[p] {
 			seen[p] = true
 			procs = append(procs, p)
+		}
+	}
+	// With -count > 1 each figure is the run with the median ns/op: one
+	// run disturbed by the rest of a shared machine does not set it.
+	res := map[string]map[int]result{}
+	for name, byProcs := range runs {
+		res[name] = map[int]result{}
+		for p, rs := range byProcs {
+			slices.SortFunc(rs, func(a, b result) int { return cmp.Compare(a.nsPerOp, b.nsPerOp) })
+			res[name][p] = rs[len(rs)/2]
 		}
 	}
 	failed := false
@@ -118,7 +130,8 @@ func main() {
 				row.label, p, w.nsPerOp, w.allocsPerOp, b.nsPerOp, b.allocsPerOp, ratio, strings.Join(goal, ", "), verdict)
 		}
 	}
-	fmt.Println("\nratio = baseline ns/op ÷ warden ns/op (higher is better for warden); procs = GOMAXPROCS.")
+	fmt.Println("\nratio = baseline ns/op ÷ warden ns/op (higher is better for warden); procs = GOMAXPROCS; each figure is the")
+	fmt.Println("median of the runs in the input (make bench-limits: 3).")
 	fmt.Println("The ≤60ns goal of the local paths is for one goroutine; with more procs the row shows throughput relative to one proc")
 	fmt.Println("(2.00× = perfect scaling). Below 1× a second core slows the path: every take writes a counter, and a counter both")
 	fmt.Println("cores write (one pool's, or tenants' that share a cache line) moves its line between them; the baselines do the same.")
