@@ -10,7 +10,8 @@
 // good would also multiply a large heap (a million queued runs), so the floor
 // adapts: after every cycle the percent is set so that the next goal is the
 // larger of the floor and what GOGC=100 would give (about twice the live heap),
-// i.e. GOGC=100 once the live heap is about half the floor or more. GOMEMLIMIT, when set, still caps the heap as usual.
+// i.e. GOGC=100 once the live heap is about half the floor or more.
+// GOMEMLIMIT, when set, still caps the heap as usual.
 package gcfloor
 
 import (

@@ -532,7 +532,7 @@ func parent(o options) {
 	fmt.Println("RLS load: a lean HTTP/2 gRPC client (raw frames, like Envoy's C++ client) unless the row says grpc-go; the")
 	fmt.Println("load generator runs on the same cores as the server and Redis.")
 	if os.Getenv("GOGC") == "" {
-		fmt.Println("GC: warden's processes and the load generator keep `warden run`'s 16 MiB heap-goal floor (internal/gcfloor);")
+		fmt.Printf("GC: warden's processes and the load generator keep `warden run`'s %d MiB heap-goal floor (internal/gcfloor);\n", gcfloor.Default>>20)
 		fmt.Println("the INCR+EXPIRE baseline runs with Go's default GOGC. Set GOGC to run every process with that value instead.")
 	} else {
 		fmt.Printf("GC: every process with GOGC=%s (the environment's; no heap-goal floor).\n", os.Getenv("GOGC"))
