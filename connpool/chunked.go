@@ -114,18 +114,27 @@ func parseChunkSize(line []byte) (int64, error) {
 		return 0, errChunkSize
 	}
 	rest := line[i:]
-	for len(rest) > 0 && (rest[0] == ' ' || rest[0] == '\t') {
-		rest = rest[1:]
+	j := 0
+	for j < len(rest) && (rest[j] == ' ' || rest[j] == '\t') {
+		j++
 	}
-	if len(rest) > 0 {
-		// Extensions are ignored, but they may carry no control bytes.
-		if rest[0] != ';' {
+	if j == len(rest) {
+		return size, nil // nothing, or trailing whitespace only
+	}
+	if j > 0 {
+		// Whitespace before ';' is allowed by RFC 9112 (BWS) but refused
+		// by net/http, Go's reference decoder: a proxy and the server
+		// behind it must not read a body differently, so this reader is
+		// never more lenient than that one.
+		return 0, errChunkSize
+	}
+	// Extensions are ignored, but they may carry no control bytes.
+	if rest[0] != ';' {
+		return 0, errChunkSize
+	}
+	for _, c := range rest {
+		if c < ' ' && c != '\t' || c == 0x7f {
 			return 0, errChunkSize
-		}
-		for _, c := range rest {
-			if c < ' ' && c != '\t' || c == 0x7f {
-				return 0, errChunkSize
-			}
 		}
 	}
 	return size, nil

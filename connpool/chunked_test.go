@@ -28,6 +28,8 @@ func TestChunkedReader(t *testing.T) {
 		{"missing last chunk", "5\r\nhello\r\n", "hello", false},
 		{"folded trailer", "0\r\nX: 1\r\n 2\r\n\r\n", "", false},
 		{"control in extension", "5;\x00\r\nhello\r\n0\r\n\r\n", "", false},
+		{"trailing whitespace", "5 \r\nhello\r\n0\t\r\n\r\n", "hello", true},
+		{"whitespace before extension", "0 ;\r\n\r\n", "", false},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
