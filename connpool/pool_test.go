@@ -22,6 +22,7 @@ import (
 
 	"github.com/warden-dev/warden/governor/clock"
 	"github.com/warden-dev/warden/internal/fasttest"
+	"github.com/warden-dev/warden/internal/loopback"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m, fasttest.LeakOptions()...) }
@@ -165,30 +166,7 @@ func TestHeadResponseHasNoBody(t *testing.T) {
 // rawServer answers every connection with the script, for framings a
 // well-behaved server library would not produce.
 func rawServer(t *testing.T, script func(c net.Conn, br *bufio.Reader)) string {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var wg sync.WaitGroup
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				defer c.Close()
-				script(c, bufio.NewReader(c))
-			}()
-		}
-	}()
-	t.Cleanup(func() { ln.Close(); wg.Wait() })
-	return ln.Addr().String()
+	return loopback.Serve(t, func(c net.Conn) { script(c, bufio.NewReader(c)) })
 }
 
 func readRequestHead(br *bufio.Reader) error {

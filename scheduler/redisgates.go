@@ -196,7 +196,6 @@ type claim struct {
 	control string            // the pool's refusal, or upstream
 	got     []window.LeaseGot // the lease gates' outcome when Redis decided them
 	lease   pool.Lease        // the pool's admission
-	refused string            // set by settleLocked: the refusing control, "" for a drain
 }
 
 // maxInFlight bounds the admissions one pass asks Redis at once.
@@ -243,33 +242,38 @@ func (s *Scheduler) redisAdmit(rg *redisGates) (retry bool) {
 			wg.Wait()
 		}
 		now := s.clk.Now()
+		type refusal struct {
+			c       *claim
+			control string // "" when a drain began
+		}
 		var started []*active
-		var refused []*claim
+		var refused []refusal
 		stop := false
 		free := maxInFlight
 		s.mu.Lock()
 		cfg := s.cfgPtr.Load()
 		for _, c := range claims {
 			admitted, control, halt := s.settleLocked(rg, c, now)
-			c.refused = control
 			stop = stop || halt
 			if admitted {
 				started = append(started, c.a)
 			} else {
-				refused = append(refused, c)
+				refused = append(refused, refusal{c, control})
 			}
 			free = min(free, lanesFree(cfg, c, admitted))
 		}
 		rg.free = free
 		s.mu.Unlock()
-		for _, c := range refused {
-			giveBack(c)
-			switch control := c.refused; {
-			case control == "":
+		for _, r := range refused {
+			giveBack(r.c)
+			switch r.control {
+			case "":
 				// Put back because a drain began.
-			case control == pool.ControlRate:
-				c.a.def.pool.WatchWindow() // woken at the window's boundary
-			case control != pool.ControlQueue:
+			case pool.ControlRate:
+				r.c.a.def.pool.WatchWindow() // woken at the window's boundary
+			case pool.ControlQueue:
+				// Others wait in the pool ahead of it: its OnFree wakes the pass.
+			default:
 				retry = true
 			}
 		}
@@ -528,7 +532,7 @@ func (s *Scheduler) dropRedisLocked(a *active) {
 		delete(rg.adopt, a)
 		return
 	}
-	rg.releases = append(rg.releases, held.leases()...)
+	rg.releases = held.appendLeases(rg.releases)
 	// Release only: whoever released decides whether to admit now (a
 	// failing store must not make admissions spin, see admissionFailed).
 	s.pokeRedisLocked(false)
@@ -716,11 +720,10 @@ func (s *Scheduler) stopRedisGates() {
 	var abandon []window.Held
 	for _, a := range s.active {
 		if held := a.red; held != nil && !held.adopt {
-			hs := held.leases()
 			if a.getPhase() == phaseAsync {
-				abandon = append(abandon, hs...)
+				abandon = held.appendLeases(abandon)
 			} else {
-				releases = append(releases, hs...)
+				releases = held.appendLeases(releases)
 			}
 		}
 		a.red = nil
@@ -735,13 +738,13 @@ func (s *Scheduler) stopRedisGates() {
 	}
 }
 
-// leases lists everything the admission holds in Redis: its lane, then
-// its permits.
-func (h *redisHeld) leases() []window.Held {
-	out := make([]window.Held, 0, 1+len(h.permits))
-	out = append(out, h.lane)
+// appendLeases appends everything the admission holds in Redis to dst:
+// its lane, then its permits (no slice of its own: it runs at every end
+// of a run).
+func (h *redisHeld) appendLeases(dst []window.Held) []window.Held {
+	dst = append(dst, h.lane)
 	for _, p := range h.permits {
-		out = append(out, p.h)
+		dst = append(dst, p.h)
 	}
-	return out
+	return dst
 }

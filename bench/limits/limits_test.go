@@ -90,7 +90,7 @@ func tenants(n int) [][]byte {
 // measure two cores fighting over each counter's cache line).
 type tenantStart struct{ n atomic.Int64 }
 
-func (s *tenantStart) next() int { return int(s.n.Add(37_813) % 100_000) }
+func (s *tenantStart) next(tenants int) int { return int(s.n.Add(37_813) % int64(tenants)) }
 
 func BenchmarkWardenTenantCheck100k(b *testing.B) {
 	caps := tenant.New("ingress", &policy.TenantCap{Header: "x-tenant-id", Rate: unlimited, Window: 60},
@@ -104,7 +104,7 @@ func BenchmarkWardenTenantCheck100k(b *testing.B) {
 	b.ReportAllocs()
 	b.ResetTimer()
 	b.RunParallel(func(pb *testing.PB) {
-		now, i := time.Now(), start.next()
+		now, i := time.Now(), start.next(len(keys))
 		for pb.Next() {
 			if i&1023 == 0 {
 				now = time.Now()
@@ -140,7 +140,7 @@ func BenchmarkXRateTenantMap100k(b *testing.B) {
 	b.ReportAllocs()
 	b.ResetTimer()
 	b.RunParallel(func(pb *testing.PB) {
-		i := start.next()
+		i := start.next(len(keys))
 		for pb.Next() {
 			get(keys[i]).Allow()
 			if i++; i == len(keys) {

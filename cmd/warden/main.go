@@ -128,12 +128,11 @@ func runCmd(args []string, stderr io.Writer) int {
 		return 2
 	}
 
-	// GOGC in the environment is the operator's choice; without it the
-	// collector keeps a heap goal of at least gcfloor.Default (README,
-	// "Memory and GC").
-	if os.Getenv("GOGC") == "" {
-		f := gcfloor.Start(gcfloor.Default)
-		defer f.Stop()
+	// Unless GOGC is set, the collector keeps a heap goal of at least
+	// gcfloor.Default (README, "Memory and GC").
+	floor := gcfloor.Start(gcfloor.Default)
+	defer floor.Stop()
+	if floor != nil {
 		log.Debug("GC heap goal floor", "bytes", gcfloor.Default)
 	}
 

@@ -11,6 +11,7 @@ import (
 
 	"github.com/warden-dev/warden/governor"
 	"github.com/warden-dev/warden/governor/clock"
+	"github.com/warden-dev/warden/internal/loopback"
 	"github.com/warden-dev/warden/policy"
 )
 
@@ -99,7 +100,7 @@ func cannedBackend(b *testing.B) string {
 		&pgproto3.DataRow{Values: [][]byte{[]byte("1")}}, &pgproto3.CommandComplete{CommandTag: []byte("SELECT 1")},
 		&pgproto3.ReadyForQuery{TxStatus: 'I'})
 	discard := encode(b, &pgproto3.CommandComplete{CommandTag: []byte("DISCARD ALL")}, &pgproto3.ReadyForQuery{TxStatus: 'I'})
-	return serveLoopback(b, func(c net.Conn) {
+	return loopback.Serve(b, func(c net.Conn) {
 		if _, err := readStartupPacket(c); err != nil {
 			return
 		}

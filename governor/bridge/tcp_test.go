@@ -5,11 +5,11 @@ import (
 	"errors"
 	"io"
 	"net"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/warden-dev/warden/governor/clock"
+	"github.com/warden-dev/warden/internal/loopback"
 	"github.com/warden-dev/warden/policy"
 )
 
@@ -19,54 +19,12 @@ func echoServer(t *testing.T) string { return upstreamServer(t, "") }
 // upstreamServer is a loopback upstream that says hello (if not empty),
 // then echoes.
 func upstreamServer(t *testing.T, hello string) string {
-	return serveLoopback(t, func(c net.Conn) {
+	return loopback.Serve(t, func(c net.Conn) {
 		if hello != "" {
 			_, _ = io.WriteString(c, hello+"\n")
 		}
 		_, _ = io.Copy(c, c)
 	})
-}
-
-// serveLoopback runs handle for every connection to a loopback listener
-// until the test ends, then closes everything and waits.
-func serveLoopback(tb testing.TB, handle func(net.Conn)) string {
-	tb.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		tb.Fatal(err)
-	}
-	var wg sync.WaitGroup
-	var mu sync.Mutex
-	var conns []net.Conn
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			mu.Lock()
-			conns = append(conns, c)
-			mu.Unlock()
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				defer c.Close()
-				handle(c)
-			}()
-		}
-	}()
-	tb.Cleanup(func() {
-		ln.Close()
-		mu.Lock()
-		for _, c := range conns {
-			c.Close()
-		}
-		mu.Unlock()
-		wg.Wait()
-	})
-	return ln.Addr().String()
 }
 
 type tcpClient struct {

@@ -15,11 +15,11 @@
 package gcfloor
 
 import (
+	"os"
 	"runtime"
 	"runtime/debug"
 	"runtime/metrics"
 	"sync"
-	"sync/atomic"
 )
 
 // Default is the floor `warden run` keeps: enough that a sidecar's
@@ -38,19 +38,24 @@ var sampleNames = []string{"/gc/heap/live:bytes", "/gc/scan/stack:bytes", "/gc/s
 
 // Floor adjusts GOGC after every collection while it runs.
 type Floor struct {
-	floor   uint64
-	prev    int // the percent in force when it started, restored by Stop
-	stopped atomic.Bool
+	floor uint64
+	prev  int // the percent in force when it started, restored by Stop
 
-	mu      sync.Mutex // cycle, Stop
+	mu      sync.Mutex // everything below
+	stopped bool
 	percent int
 	sample  []metrics.Sample
 	onTune  func(percent int) // tests: called after each adjustment
 }
 
 // Start keeps the heap goal at least floor bytes until Stop. GOGC is the
-// process's setting: start at most one Floor at a time.
+// process's setting: start at most one Floor at a time. When GOGC is set
+// in the environment, that is the operator's choice: Start does nothing
+// and returns nil, whose Stop does nothing either.
 func Start(floor uint64) *Floor {
+	if os.Getenv("GOGC") != "" {
+		return nil
+	}
 	f := newFloor(floor)
 	f.cycle()
 	return f
@@ -75,11 +80,15 @@ func (f *Floor) Percent() int {
 
 // Stop stops adjusting and restores the percent in force before Start.
 func (f *Floor) Stop() {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	if f.stopped.Swap(true) {
+	if f == nil {
 		return
 	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.stopped {
+		return
+	}
+	f.stopped = true
 	debug.SetGCPercent(f.prev)
 	f.percent = f.prev
 }
@@ -93,7 +102,7 @@ type sentinel struct{ _ *byte } // a pointer keeps it out of the tiny allocator,
 func (f *Floor) cycle() {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	if f.stopped.Load() {
+	if f.stopped {
 		return
 	}
 	metrics.Read(f.sample)

@@ -63,3 +63,14 @@ func TestFloorFollowsCollections(t *testing.T) {
 		t.Fatalf("after Stop GOGC is %d, want the previous 100", got)
 	}
 }
+
+// GOGC in the environment is the operator's: no floor, and a nil one stops
+// harmlessly.
+func TestStartLeavesGOGCAlone(t *testing.T) {
+	t.Setenv("GOGC", "100")
+	f := Start(1 << 30)
+	if f != nil {
+		t.Fatal("Start set a floor although GOGC is set")
+	}
+	f.Stop()
+}

@@ -81,7 +81,7 @@ func main() {
 	flag.StringVar(&o.profile, "rls-cpuprofile", "", "write the RLS server's CPU profile to FILE.memory / FILE.redis")
 	flag.Parse()
 	log.SetFlags(0)
-	if o.child != "baseline" && os.Getenv("GOGC") == "" {
+	if o.child != "baseline" {
 		// The admit and rls children stand in for `warden run`: the same GC
 		// setting. The parent is the RLS load generator, standing in for
 		// Envoy's C++ client: its collections should not take the shared

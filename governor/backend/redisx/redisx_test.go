@@ -16,6 +16,7 @@ import (
 	"github.com/warden-dev/warden/governor/backend/redisx/redistest"
 	"github.com/warden-dev/warden/governor/clock"
 	"github.com/warden-dev/warden/governor/metrics"
+	"github.com/warden-dev/warden/internal/loopback"
 	"github.com/warden-dev/warden/internal/testenv"
 )
 
@@ -173,22 +174,9 @@ func TestBatchIsOneCall(t *testing.T) {
 // it unusable within its timeouts, then answers every admission at once
 // without calling it.
 func TestHangingServerOpensTheBreaker(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	go func() {
-		for {
-			conn, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			go func() { _, _ = io.Copy(io.Discard, conn); conn.Close() }()
-		}
-	}()
+	addr := loopback.Serve(t, func(c net.Conn) { _, _ = io.Copy(io.Discard, c) })
 	m := metrics.New()
-	c := open(t, "redis://"+ln.Addr().String()+"/0", m)
+	c := open(t, "redis://"+addr+"/0", m)
 	if !c.Down() || c.Ready() == nil {
 		t.Fatal("a server that never answers is not reported down")
 	}

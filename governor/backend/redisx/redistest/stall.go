@@ -8,6 +8,8 @@ import (
 	"testing"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/warden-dev/warden/internal/loopback"
 )
 
 // StallProxy forwards TCP to a Redis and can hold back what its clients
@@ -32,31 +34,22 @@ func NewStallProxy(t testing.TB, url string) *StallProxy {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	p := &StallProxy{URL: fmt.Sprintf("redis://%s/%d", ln.Addr(), opt.DB), resume: make(chan struct{}), held: make(chan struct{}, 1)}
-	var wg sync.WaitGroup
-	t.Cleanup(func() { ln.Close(); p.Resume(); wg.Wait() })
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			u, err := net.Dial("tcp", opt.Addr)
-			if err != nil {
-				c.Close()
-				continue
-			}
-			wg.Add(2)
-			go func() { defer wg.Done(); p.fromClient(u, c); u.Close() }()
-			go func() { defer wg.Done(); io.Copy(c, u); c.Close() }()
+	p := &StallProxy{resume: make(chan struct{}), held: make(chan struct{}, 1)}
+	addr := loopback.Serve(t, func(c net.Conn) {
+		u, err := net.Dial("tcp", opt.Addr)
+		if err != nil {
+			return
 		}
-	}()
+		done := make(chan struct{})
+		go func() { p.fromClient(u, c); u.Close(); close(done) }()
+		io.Copy(c, u)
+		c.Close()
+		<-done
+	})
+	// Registered after Serve's cleanup, so it runs first: held traffic
+	// goes through, and the connections can end.
+	t.Cleanup(p.Resume)
+	p.URL = fmt.Sprintf("redis://%s/%d", addr, opt.DB)
 	return p
 }
 
