@@ -4,7 +4,8 @@
 // call and the hot path allocates nothing.
 //
 // The closed-state path is lock-free: Allow is one atomic load, Done a few
-// atomic operations on the current time bucket. The mutex is taken only for
+// atomic operations on the current time bucket, whose request count is
+// split per processor so that parallel callers do not share a cache line. The mutex is taken only for
 // state transitions and once per bucket rotation, which is what makes
 // "half-open admits exactly one probe" easy to reason about while keeping
 // the common case cheap.
@@ -27,6 +28,7 @@ import (
 	"time"
 
 	"github.com/warden-dev/warden/governor/clock"
+	"github.com/warden-dev/warden/internal/percpu"
 	"github.com/warden-dev/warden/policy"
 )
 
@@ -116,14 +118,20 @@ type Options struct {
 	OnStateChange func(name string, from, to State)
 }
 
-// bucket counts one slice of the rolling window. It is padded to a cache
-// line because under load every request writes the current bucket, and that
-// traffic must not evict the read-mostly state word or neighbouring buckets.
+// bucket is one slice of the rolling window: which slice of time it holds
+// and its failures. Its requests are counted per processor in stripes (see
+// Breaker.reqs); every request writes one, and a line written by every
+// core would move between the cores on each request.
 type bucket struct {
 	epoch    atomic.Int64 // which bucket-width slice of time these counts belong to
-	requests atomic.Int64
 	failures atomic.Int64
-	_        [40]byte
+}
+
+// stripe is one processor's request counts, a counter per bucket, padded
+// so that two stripes never share a cache line.
+type stripe struct {
+	requests [numBuckets]atomic.Int64
+	_        [64 - numBuckets*8%64]byte
 }
 
 // Breaker is a circuit breaker for one target. A nil or disabled Breaker
@@ -147,6 +155,7 @@ type Breaker struct {
 	_         [64]byte
 
 	buckets [numBuckets]bucket
+	reqs    []stripe // per processor (percpu); summed by sum
 
 	// lastFail is the newest epoch that saw a failure. A success only needs
 	// to re-evaluate the trip condition when a failure is still in the
@@ -215,6 +224,7 @@ func New(name string, cfg policy.CircuitBreaker, clk clock.Clock, opts ...Option
 		b.maxOpen = b.baseOpen
 	}
 	b.openFor = b.baseOpen
+	b.reqs = make([]stripe, percpu.Stripes())
 	b.clearLocked()
 	b.cur.Store(-1)
 	if b.realClock && b.enabled {
@@ -351,11 +361,12 @@ func (t Ticket) Done(o Outcome) {
 // record counts a closed-state result and trips the breaker if needed.
 func (b *Breaker) record(word uint64, o Outcome) {
 	e := b.currentEpoch()
-	bk := &b.buckets[e%numBuckets]
-	if bk.epoch.Load() != e && !b.rotate(bk, e) {
+	i := e % numBuckets
+	bk := &b.buckets[i]
+	if bk.epoch.Load() != e && !b.rotate(bk, i, e) {
 		return
 	}
-	bk.requests.Add(1)
+	b.reqs[percpu.Index(len(b.reqs))].requests[i].Add(1)
 	if o == Failure {
 		bk.failures.Add(1)
 		if b.lastFail.Load() < e {
@@ -370,13 +381,15 @@ func (b *Breaker) record(word uint64, o Outcome) {
 // rotate claims bk for epoch e, dropping the counts of the older slice it
 // held. It reports false when bk already holds a newer slice, meaning the
 // caller's event is older than the whole window and no longer counts.
-func (b *Breaker) rotate(bk *bucket, e int64) bool {
+func (b *Breaker) rotate(bk *bucket, i, e int64) bool {
 	b.rotMu.Lock()
 	cur := bk.epoch.Load()
 	if cur < e {
 		// Counts first, epoch last: a writer that sees the new epoch must
 		// also see the zeroed counts, or its increment could be wiped.
-		bk.requests.Store(0)
+		for s := range b.reqs {
+			b.reqs[s].requests[i].Store(0)
+		}
 		bk.failures.Store(0)
 		bk.epoch.Store(e)
 	}
@@ -389,7 +402,9 @@ func (b *Breaker) sum(e int64) (requests, failures int64) {
 	for i := range b.buckets {
 		bk := &b.buckets[i]
 		if be := bk.epoch.Load(); be > e-numBuckets && be <= e {
-			requests += bk.requests.Load()
+			for s := range b.reqs {
+				requests += b.reqs[s].requests[i].Load()
+			}
 			failures += bk.failures.Load()
 		}
 	}
@@ -441,8 +456,12 @@ func (b *Breaker) clearLocked() {
 	for i := range b.buckets {
 		bk := &b.buckets[i]
 		bk.epoch.Store(math.MinInt64)
-		bk.requests.Store(0)
 		bk.failures.Store(0)
+	}
+	for s := range b.reqs {
+		for i := range b.reqs[s].requests {
+			b.reqs[s].requests[i].Store(0)
+		}
 	}
 	b.lastFail.Store(math.MinInt64 / 2)
 }

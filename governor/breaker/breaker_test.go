@@ -470,3 +470,59 @@ func TestStateString(t *testing.T) {
 		}
 	}
 }
+
+// Requests are counted per processor; the window must still see every one
+// of them, and a failure must be judged against all of them: 8 goroutines
+// on 4 processors record 2,000 successes each, and then 15,999 failures
+// must leave the breaker closed (just under 50%) while one more opens it.
+func TestStripedRequestsAllCounted(t *testing.T) {
+	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(4))
+	clk := clock.NewFake(time.Unix(1_700_000_000, 0))
+	b := New("stripe", defaults, clk)
+	if len(b.reqs) != 4 {
+		t.Fatalf("%d stripes at GOMAXPROCS=4, want 4", len(b.reqs))
+	}
+	const goroutines, each = 8, 2000
+	var wg sync.WaitGroup
+	for range goroutines {
+		wg.Go(func() {
+			for range each {
+				tk, _, ok := b.Allow()
+				if !ok {
+					t.Error("closed breaker refused")
+					return
+				}
+				tk.Done(Success)
+				runtime.Gosched() // move between processors
+			}
+		})
+	}
+	wg.Wait()
+	if s := b.Snapshot(); s.Requests != goroutines*each {
+		t.Fatalf("window holds %d requests, want %d", s.Requests, goroutines*each)
+	}
+	used := 0
+	for i := range b.reqs {
+		for j := range b.reqs[i].requests {
+			if b.reqs[i].requests[j].Load() != 0 {
+				used++
+				break
+			}
+		}
+	}
+	if used < 2 {
+		t.Fatalf("all requests landed in %d stripe(s): the test did not exercise striping", used)
+	}
+	for range goroutines*each - 1 {
+		tk, _, _ := b.Allow()
+		tk.Done(Failure)
+	}
+	if st := b.State(); st != Closed {
+		t.Fatalf("state %v after %d failures to %d successes, want closed", st, goroutines*each-1, goroutines*each)
+	}
+	tk, _, _ := b.Allow()
+	tk.Done(Failure)
+	if st := b.State(); st != Open {
+		t.Fatalf("state %v at 50%% failures, want open", st)
+	}
+}
