@@ -29,10 +29,15 @@ const shardCount = 64 // a power of two; enough to keep two cores off each other
 // mutex is taken only to insert a key or to rebuild the table (growth,
 // sweep); a rebuild marks every old slot moved before publishing the new
 // table, so a take racing with it fails its swap and retries on the new one.
+//
+// With more than one processor, a key taken again and again on one of them
+// is counted from a per-processor lease instead (lease.go), so that cores
+// taking the same key do not move its line between them on every take.
 type Memory struct {
 	clk    clock.Clock
 	shards [shardCount]shard
 	spans  spans
+	leases []leaseTable // per processor (lease.go); nil with one processor
 }
 
 type shard struct {
@@ -73,7 +78,7 @@ const initialSlots = 16
 
 // NewMemory returns an empty in-memory counter reading time from clk.
 func NewMemory(clk clock.Clock) *Memory {
-	m := &Memory{clk: clk}
+	m := &Memory{clk: clk, leases: newLeases()}
 	for i := range m.shards {
 		m.shards[i].meta = make(map[uint64]meta)
 		m.shards[i].tab.Store(&table{slots: make([]slot, initialSlots)})
@@ -248,10 +253,41 @@ func (m *Memory) Take(s *Scope, key []byte, limit, n int64, now time.Time) Decis
 	cur := m.spans.current(s.Window, now)
 	sh, h := m.lookup(s, key)
 	d := Decision{Limit: limit, start: cur.start, end: cur.end, loc: now.Location()}
-	var count, endSec int64
-	var ok, done bool
+	if m.leases != nil {
+		if count, ok := m.takeLeased(sh, h, cur.endSec, limit, n); ok {
+			d.Count, d.Allowed = count, true
+			return d
+		}
+	}
+	count, ok, endSec := sh.takeWindow(h, s, key, cur.endSec, limit, n)
+	if !ok && m.leases != nil {
+		// Refused by the window, which counts leased credit as used.
+		end := max(endSec, cur.endSec)
+		if count <= limit {
+			// The window is within this limit with the credit counted:
+			// spend some of the credit, if any processor still holds it.
+			ok = m.steal(h, end, n)
+		} else if c := m.reclaim(h, end); c > 0 {
+			// Over this limit only by counting credit leased under a
+			// higher one (the policy was reloaded with a lower rate, or
+			// two callers name different limits): bring the credit back
+			// and judge the window by what it admitted.
+			sh.giveBack(h, end, c)
+			count, ok, endSec = sh.takeWindow(h, s, key, cur.endSec, limit, n)
+		}
+	}
+	d.Count, d.Allowed = count, ok
+	if endSec > cur.endSec {
+		d.end = endSec * int64(time.Second)
+	}
+	return d
+}
+
+// takeWindow takes n from h's window itself (see take for the results).
+func (sh *shard) takeWindow(h uint64, s *Scope, key []byte, curEnd, limit, n int64) (count int64, ok bool, endSec int64) {
+	var done bool
 	if e := sh.tab.Load().get(h); e != nil {
-		if count, ok, endSec, done = take(e, cur.endSec, limit, n); !done && endSec != 0 {
+		if count, ok, endSec, done = take(e, curEnd, limit, n); !done && endSec != 0 {
 			sh.giveBack(h, endSec, n)
 			done = true
 		}
@@ -260,14 +296,10 @@ func (m *Memory) Take(s *Scope, key []byte, limit, n int64, now time.Time) Decis
 		// A new key, or a table being rebuilt: the lock waits the rebuild
 		// out, and nothing can move the slot while it is held.
 		sh.mu.Lock()
-		count, ok, endSec, _ = take(sh.slotLocked(h, s, key), cur.endSec, limit, n)
+		count, ok, endSec, _ = take(sh.slotLocked(h, s, key), curEnd, limit, n)
 		sh.mu.Unlock()
 	}
-	d.Count, d.Allowed = count, ok
-	if endSec > cur.endSec {
-		d.end = endSec * int64(time.Second)
-	}
-	return d
+	return count, ok, endSec
 }
 
 // Peek implements Counter.
@@ -280,7 +312,7 @@ func (m *Memory) Peek(s *Scope, key []byte, limit int64) Decision {
 	// for a look that changes nothing.
 	if e := sh.tab.Load().get(h); e != nil {
 		if w := e.w.Load(); wEnd(w) >= cur.endSec {
-			d.Count = wCount(w)
+			d.Count = wCount(w) - m.leased(h, wEnd(w))
 		}
 	}
 	d.Allowed = d.Count < limit
@@ -339,6 +371,7 @@ func (m *Memory) Refund(s *Scope, key []byte, start time.Time, n int64) {
 func (m *Memory) Reset(s *Scope, key []byte) {
 	sh, h := m.lookup(s, key)
 	sh.update(h, func(w uint64) uint64 { return pack(wEnd(w), 0) })
+	m.reclaim(h, -1) // counted before the reset: spent
 }
 
 // ResetScope implements Counter.
@@ -350,9 +383,10 @@ func (m *Memory) ResetScope(s *Scope) {
 		for {
 			w := e.w.Load()
 			if e.w.CompareAndSwap(w, pack(wEnd(w), 0)) {
-				return
+				break
 			}
 		}
+		m.reclaim(e.h.Load(), -1)
 	})
 }
 
@@ -368,7 +402,8 @@ func (m *Memory) Usage(s *Scope) []Usage {
 		}
 		end := time.Unix(wEnd(w), 0).In(now.Location())
 		start, _ := Bounds(end.Add(-time.Nanosecond), s.Window)
-		out = append(out, Usage{Scope: s.Name, Window: s.Window, Key: md.key, Count: wCount(w), Start: start, End: end})
+		count := wCount(w) - m.leased(e.h.Load(), wEnd(w))
+		out = append(out, Usage{Scope: s.Name, Window: s.Window, Key: md.key, Count: count, Start: start, End: end})
 	})
 	return out
 }

@@ -32,6 +32,16 @@ func (m *Memory) TakeAll(ws []Want, now time.Time, out []Decision) bool {
 			m.shards[bits.TrailingZeros64(b)].mu.Unlock()
 		}
 	}()
+	if m.leases != nil {
+		// Credit leased ahead is counted in the windows but admits nobody
+		// here: bring it back, so a window is judged by what was admitted.
+		for i, w := range ws {
+			end := m.spans.current(w.Scope.Window, now).endSec
+			if c := m.reclaim(hs[i], end); c > 0 {
+				m.shardOf(hs[i]).giveBackLocked(hs[i], end, c)
+			}
+		}
+	}
 	all := true
 	for i, w := range ws {
 		out[i] = m.peekLocked(w, hs[i], now)

@@ -57,3 +57,12 @@ func index(stripes int) int {
 	procUnpin()
 	return id & (stripes - 1)
 }
+
+// Pin returns the calling goroutine's processor id and keeps the goroutine
+// on that processor, unpreempted, until Unpin: code between the two is the
+// only code running on that processor, so per-processor state it owns can
+// be changed without a lock. It must not block, allocate or run long.
+func Pin() int { return procPin() }
+
+// Unpin ends Pin.
+func Unpin() { procUnpin() }
