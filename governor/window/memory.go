@@ -312,7 +312,7 @@ func (m *Memory) Peek(s *Scope, key []byte, limit int64) Decision {
 	// for a look that changes nothing.
 	if e := sh.tab.Load().get(h); e != nil {
 		if w := e.w.Load(); wEnd(w) >= cur.endSec {
-			d.Count = wCount(w) - m.leased(h, wEnd(w))
+			d.Count = max(wCount(w)-m.leased(h, wEnd(w)), 0)
 		}
 	}
 	d.Allowed = d.Count < limit
@@ -402,7 +402,7 @@ func (m *Memory) Usage(s *Scope) []Usage {
 		}
 		end := time.Unix(wEnd(w), 0).In(now.Location())
 		start, _ := Bounds(end.Add(-time.Nanosecond), s.Window)
-		count := wCount(w) - m.leased(e.h.Load(), wEnd(w))
+		count := max(wCount(w)-m.leased(e.h.Load(), wEnd(w)), 0)
 		out = append(out, Usage{Scope: s.Name, Window: s.Window, Key: md.key, Count: count, Start: start, End: end})
 	})
 	return out
