@@ -17,10 +17,11 @@ import (
 // The window's count includes leased credit, so the limit is never passed.
 // Nothing is refused while credit is left anywhere: a take the window
 // refuses takes one unit from another processor's lease before giving up.
-// Peek, Usage, Reset and TakeAll subtract or reclaim outstanding credit;
-// the Count of an admitted take (and so RateLimit-Remaining) counts other
-// processors' unspent credit as used, which errs on the side of the limit by
-// at most what they hold. Leases stay small: at most leaseMax, and at most
+// Peek, Usage, Reset and TakeAll subtract or reclaim outstanding credit, and
+// a caller whose limit is below the count (a reload lowered it) reclaims it
+// before being judged. Only the Count of an admitted take (which the pool
+// window-count gauge shows) counts other processors' unspent credit as used,
+// erring on the side of the limit by at most what they hold. Leases stay small: at most leaseMax, and at most
 // 1/(leaseShare × processors) of what the window has left, so none is
 // granted near the limit and a window's last takes are counted one by one.
 //
