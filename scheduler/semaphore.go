@@ -118,7 +118,7 @@ func (s *Scheduler) armSweepLocked() {
 		s.sweep.Stop()
 	}
 	s.sweepAt = next
-	s.sweep = s.clk.AfterFunc(time.Duration(next-s.clk.Now().UnixNano()), s.sweepLeases)
+	s.sweep = s.clk.AfterFuncAt(time.Unix(0, next), s.sweepLeases)
 }
 
 // sweepLeases frees every permit whose lease ended and admits what that

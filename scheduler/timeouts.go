@@ -89,7 +89,7 @@ func (s *Scheduler) armSTSLocked(d *definition) {
 	}
 	dq.stopTimer()
 	dq.stsAt = at
-	dq.stsTimer = s.clk.AfterFunc(time.Duration(at-s.clk.Now().UnixNano()), func() { s.stsFired(dq) })
+	dq.stsTimer = s.clk.AfterFuncAt(time.Unix(0, at), func() { s.stsFired(dq) })
 }
 
 type expiredRun struct {

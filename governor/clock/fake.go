@@ -39,12 +39,25 @@ func (f *Fake) AfterFunc(d time.Duration, fn func()) Timer {
 	return f.add(d, fn)
 }
 
+// AfterFuncAt runs fn in a goroutine once the fake clock reaches at. The
+// deadline is taken under the clock's lock: an Advance racing with the
+// arming cannot push it a step later.
+func (f *Fake) AfterFuncAt(at time.Time, fn func()) Timer {
+	return f.addAt(func(time.Time) time.Time { return at }, fn)
+}
+
 func (f *Fake) add(d time.Duration, fn func()) *fakeTimer {
+	return f.addAt(func(now time.Time) time.Time { return now.Add(d) }, fn)
+}
+
+// addAt arms a timer for when(now), now read under the lock.
+func (f *Fake) addAt(when func(now time.Time) time.Time, fn func()) *fakeTimer {
 	f.mu.Lock()
 	t := &fakeTimer{clock: f, fn: fn, ch: make(chan time.Time, 1)}
 	f.seq++
 	t.seq = f.seq
-	t.when = f.now.Add(d)
+	t.when = when(f.now)
+	due := !t.when.After(f.now)
 	t.active = true
 	t.listed = true
 	f.timers = append(f.timers, t)
@@ -54,7 +67,7 @@ func (f *Fake) add(d time.Duration, fn func()) *fakeTimer {
 	for _, w := range waiters {
 		close(w)
 	}
-	if d <= 0 {
+	if due {
 		f.Advance(0)
 	}
 	return t

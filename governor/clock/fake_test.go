@@ -114,3 +114,42 @@ func TestFakeTimerArmed(t *testing.T) {
 		t.Fatalf("Set moved the clock back to %v", c.Now())
 	}
 }
+
+// AfterFuncAt fires at an instant, whatever the clock read when the caller
+// last looked: the pool's window-boundary timer is armed by a dispatcher
+// that may have read the clock before a test advanced it.
+func TestAfterFuncAt(t *testing.T) {
+	tests := []struct {
+		name      string
+		advance   time.Duration // before arming, after the caller's reading
+		at        time.Duration // from t0
+		then      time.Duration // Advance after arming
+		wantFired bool
+	}{
+		{"not yet", 0, time.Minute, 59 * time.Second, false},
+		{"at the instant", 0, time.Minute, time.Minute, true},
+		{"clock moved between reading and arming", 30 * time.Second, time.Minute, 30 * time.Second, true},
+		{"already past fires at once", 2 * time.Minute, time.Minute, 0, true},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			clk := NewFake(t0)
+			clk.Advance(tc.advance)
+			done := make(chan time.Time, 1)
+			clk.AfterFuncAt(t0.Add(tc.at), func() { done <- clk.Now() })
+			clk.Advance(tc.then)
+			// A timer is disarmed inside Advance as it falls due; its
+			// function then runs in a goroutine of its own.
+			if armed := clk.Timers(); armed != map[bool]int{true: 0, false: 1}[tc.wantFired] {
+				t.Fatalf("%d timers still armed with the clock at %v, want fired=%v", armed, clk.Now().Sub(t0), tc.wantFired)
+			}
+			if !tc.wantFired {
+				return
+			}
+			at := <-done
+			if want := t0.Add(max(tc.at, tc.advance)); at.Before(t0.Add(tc.at)) || at.After(want) {
+				t.Fatalf("fired with the clock at %v, want %v", at.Sub(t0), want.Sub(t0))
+			}
+		})
+	}
+}

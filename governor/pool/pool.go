@@ -433,12 +433,12 @@ func (p *Pool) armLocked(now time.Time) {
 	if !blocked || control != ControlRate {
 		return
 	}
-	p.armWindowLocked(end, now)
+	p.armWindowLocked(end)
 }
 
 // armWindowLocked sets the boundary timer at end (the rate window's end),
 // which dispatches the queue and subscribers then.
-func (p *Pool) armWindowLocked(end, now time.Time) {
+func (p *Pool) armWindowLocked(end time.Time) {
 	if p.timer != nil && p.timerAt.Equal(end) {
 		return
 	}
@@ -446,7 +446,7 @@ func (p *Pool) armWindowLocked(end, now time.Time) {
 		p.timer.Stop()
 	}
 	p.timerAt = end
-	p.timer = p.clk.AfterFunc(end.Sub(now), p.dispatch)
+	p.timer = p.clk.AfterFuncAt(end, p.dispatch)
 }
 
 // OnFree registers f to be called whenever capacity may have become free

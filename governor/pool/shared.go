@@ -301,7 +301,7 @@ func (p *Pool) armSharedLocked(now time.Time) {
 			p.clk.AfterFunc(0, p.dispatch)
 			return
 		}
-		p.armWindowLocked(p.sh.blockedEnd, now)
+		p.armWindowLocked(p.sh.blockedEnd)
 		return
 	}
 	if p.sh.tickArmed {
