@@ -97,7 +97,7 @@ func (p *Pool) Put(c *Conn) {
 	}
 	c.idleSince = now
 	c.elem = p.idle.PushBack(c)
-	p.armLocked(c, now)
+	p.armLocked(c)
 	p.mu.Unlock()
 }
 
@@ -114,25 +114,25 @@ func (p *Pool) unkeepLocked(c *Conn) *Conn {
 }
 
 // armLocked sets c's timer for the first of its idle and lifetime limits.
-func (p *Pool) armLocked(c *Conn, now time.Time) {
+func (p *Pool) armLocked(c *Conn) {
 	if c.timer != nil {
 		c.timer.Stop()
 		c.timer = nil
 	}
-	d, ok := time.Duration(0), false
+	var at time.Time
 	if t := p.cfg.IdleTimeout; t > 0 {
-		d, ok = c.idleSince.Add(t).Sub(now), true
+		at = c.idleSince.Add(t)
 	}
 	if t := p.cfg.MaxLifetime; t > 0 {
-		if l := c.born.Add(t).Sub(now); !ok || l < d {
-			d, ok = l, true
+		if l := c.born.Add(t); at.IsZero() || l.Before(at) {
+			at = l
 		}
 	}
-	if !ok {
+	if at.IsZero() {
 		return
 	}
 	gen := c.idleGen
-	c.timer = p.clk.AfterFunc(max(d, 0), func() { p.expire(c, gen) })
+	c.timer = p.clk.AfterFuncAt(at, func() { p.expire(c, gen) })
 }
 
 // expire closes a kept connection whose idle or lifetime limit has come.
@@ -150,7 +150,7 @@ func (p *Pool) expire(c *Conn, gen uint64) {
 	case p.cfg.IdleTimeout > 0 && now.Sub(c.idleSince) >= p.cfg.IdleTimeout:
 		reason = ReasonIdle
 	default:
-		p.armLocked(c, now) // settings changed since it was armed
+		p.armLocked(c) // settings changed since it was armed
 		p.mu.Unlock()
 		return
 	}

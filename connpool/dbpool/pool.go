@@ -104,7 +104,6 @@ func (p *Pool) setConfigLocked(cfg Config) {
 // smaller one closes kept idle connections beyond it and admits no one until
 // live connections drop below it. Connections in use are never cut.
 func (p *Pool) Reconfigure(cfg Config) {
-	now := p.clk.Now()
 	p.mu.Lock()
 	p.setConfigLocked(cfg)
 	var drop []*Conn
@@ -113,7 +112,7 @@ func (p *Pool) Reconfigure(cfg Config) {
 		p.live--
 	}
 	for e := p.idle.Front(); e != nil; e = e.Next() {
-		p.armLocked(e.Value.(*Conn), now)
+		p.armLocked(e.Value.(*Conn))
 	}
 	p.dispatchLocked()
 	p.mu.Unlock()
