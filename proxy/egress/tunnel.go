@@ -58,7 +58,11 @@ func (e *Egress) connect(ctx *fasthttp.RequestCtx, tb *table, scan httpwire.Scan
 		timeout = defaultConnectTimeout
 	}
 	d := net.Dialer{Timeout: timeout, KeepAlive: 30 * time.Second}
-	up, err := d.DialContext(ctx, "tcp", addr)
+	// Not the RequestCtx itself: the dialer derives a context from it,
+	// whose watcher goroutine can outlive this handler and then read the
+	// RequestCtx after fasthttp recycled it (a race seen under -race). The
+	// server's done channel alone still cancels the dial on shutdown.
+	up, err := d.DialContext(doneOnly{ctx.Done()}, "tcp", addr)
 	if err != nil {
 		t.adm.Ticket.Done(breaker.Failure)
 		t.adm.Release()
