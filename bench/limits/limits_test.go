@@ -108,6 +108,15 @@ func (t *tenantNames) set() {
 	}
 }
 
+// allTenants calls f once with each of n tenants' names.
+func allTenants(n int, f func(name []byte)) {
+	t := newTenantNames(n, 0)
+	for range n {
+		f(t.name())
+		t.next()
+	}
+}
+
 // name is the current tenant's name; next moves to the following one.
 func (t *tenantNames) name() []byte { return t.buf[:] }
 
@@ -157,10 +166,7 @@ func BenchmarkWardenTenantCheck100k(b *testing.B) {
 	caps := tenant.New("ingress", &policy.TenantCap{Header: "x-tenant-id", Rate: unlimited, Window: 60},
 		nil, window.NewMemory(clock.Real{}))
 	now := time.Now()
-	for t := newTenantNames(n, 0); t.i < n; t.i++ {
-		t.set()
-		caps.Check(t.name(), now)
-	}
+	allTenants(n, func(name []byte) { caps.Check(name, now) })
 	var start tenantStart
 	b.ReportAllocs()
 	b.ResetTimer()
@@ -192,10 +198,7 @@ func BenchmarkXRateTenantMap100k(b *testing.B) {
 		mu.Unlock()
 		return l
 	}
-	for t := newTenantNames(n, 0); t.i < n; t.i++ {
-		t.set()
-		get(t.name())
-	}
+	allTenants(n, func(name []byte) { get(name) })
 	var start tenantStart
 	b.ReportAllocs()
 	b.ResetTimer()

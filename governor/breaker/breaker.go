@@ -5,10 +5,10 @@
 //
 // The closed-state path is lock-free: Allow is one atomic load, Done a few
 // atomic operations on the current time bucket, whose request count is
-// split per processor so that parallel callers do not share a cache line. The mutex is taken only for
-// state transitions and once per bucket rotation, which is what makes
-// "half-open admits exactly one probe" easy to reason about while keeping
-// the common case cheap.
+// split per processor so that parallel callers do not share a cache line.
+// The mutex is taken only for state transitions and once per bucket
+// rotation, which is what makes "half-open admits exactly one probe" easy
+// to reason about while keeping the common case cheap.
 //
 // Reading the clock costs more than everything else on Done's path (about
 // 40 ns for a monotonic read on a typical cloud VM), so with the real clock
@@ -363,7 +363,7 @@ func (b *Breaker) record(word uint64, o Outcome) {
 	e := b.currentEpoch()
 	i := e % numBuckets
 	bk := &b.buckets[i]
-	if bk.epoch.Load() != e && !b.rotate(bk, i, e) {
+	if bk.epoch.Load() != e && !b.rotate(i, e) {
 		return
 	}
 	b.reqs[percpu.Index(len(b.reqs))].requests[i].Add(1)
@@ -378,10 +378,12 @@ func (b *Breaker) record(word uint64, o Outcome) {
 	b.evaluate(word, e)
 }
 
-// rotate claims bk for epoch e, dropping the counts of the older slice it
-// held. It reports false when bk already holds a newer slice, meaning the
-// caller's event is older than the whole window and no longer counts.
-func (b *Breaker) rotate(bk *bucket, i, e int64) bool {
+// rotate claims bucket i for epoch e, dropping the counts of the older
+// slice it held. It reports false when the bucket already holds a newer
+// slice, meaning the caller's event is older than the whole window and no
+// longer counts.
+func (b *Breaker) rotate(i, e int64) bool {
+	bk := &b.buckets[i]
 	b.rotMu.Lock()
 	cur := bk.epoch.Load()
 	if cur < e {

@@ -21,9 +21,10 @@ import (
 // a caller whose limit is below the count (a reload lowered it) reclaims it
 // before being judged. Only the Count of an admitted take (which the pool
 // window-count gauge shows) counts other processors' unspent credit as used,
-// erring on the side of the limit by at most what they hold. Leases stay small: at most leaseMax, and at most
-// 1/(leaseShare × processors) of what the window has left, so none is
-// granted near the limit and a window's last takes are counted one by one.
+// erring on the side of the limit by at most what they hold. Leases stay
+// small: at most leaseMax, and at most 1/(leaseShare × processors) of what
+// the window has left, so none is granted near the limit and a window's
+// last takes are counted one by one.
 //
 // A key leases only when it repeats on a processor: a take on a key whose
 // lease entry belongs to another key claims the entry (when it holds no
@@ -74,7 +75,19 @@ func newLeases() []leaseTable {
 // was taken: go to the window.
 func (m *Memory) takeLeased(sh *shard, h uint64, curEnd, limit, n int64) (count int64, ok bool) {
 	p := percpu.Pin()
-	le := &m.leases[p&(len(m.leases)-1)].e[leaseIndex(h)]
+	count, ok, back, backEnd := m.takePinned(&m.leases[p&(len(m.leases)-1)].e[leaseIndex(h)], sh, h, curEnd, limit, n)
+	percpu.Unpin()
+	if back > 0 {
+		sh.giveBack(h, backEnd, back) // takes the shard's lock: never while pinned
+	}
+	return count, ok
+}
+
+// takePinned is takeLeased's work on le, this processor's entry for h,
+// while pinned: nobody else renames le or adds credit to it; others may
+// only take credit away. back > 0 is what the window ending at backEnd
+// counted and must be given back once unpinned.
+func (m *Memory) takePinned(le *leaseEntry, sh *shard, h uint64, curEnd, limit, n int64) (count int64, ok bool, back, backEnd int64) {
 	if le.h.Load() != h {
 		v := le.w.Load()
 		switch {
@@ -88,68 +101,56 @@ func (m *Memory) takeLeased(sh *shard, h uint64, curEnd, limit, n int64) (count 
 				le.h.Store(h)
 			}
 		}
-		percpu.Unpin()
-		return 0, false
+		return 0, false, 0, 0
+	}
+	e := sh.tab.Load().get(h)
+	if e == nil {
+		return 0, false, 0, 0
+	}
+	w := e.w.Load()
+	if wEnd(w) > curEnd {
+		return 0, false, 0, 0 // a late-stamped take: the window's own path handles it
+	}
+	used := int64(0)
+	if wEnd(w) == curEnd {
+		used = wCount(w)
 	}
 	// The window's count includes every processor's credit, so while it is
 	// within this caller's limit, spending credit keeps the admitted within
 	// it too. (A lease taken under a higher limit, before a reload lowered
 	// it, must not admit past the new one.)
-	e := sh.tab.Load().get(h)
-	if e == nil {
-		percpu.Unpin()
-		return 0, false
-	}
-	w := e.w.Load()
-	if wEnd(w) == curEnd && wCount(w) <= limit {
+	if wEnd(w) == curEnd && used <= limit {
 		for {
 			v := le.w.Load()
 			if lEnd(v) != curEnd || lCredit(v) < n {
 				break
 			}
 			if le.w.CompareAndSwap(v, v-uint64(n)) {
-				percpu.Unpin()
-				return max(wCount(w)-(lCredit(v)-n), 0), true
+				return max(used-(lCredit(v)-n), 0), true, 0, 0
 			}
 		}
 	}
 	if n > leaseMax || limit >= addLimit {
-		percpu.Unpin()
-		return 0, false
-	}
-	used := int64(0)
-	switch {
-	case wEnd(w) == curEnd:
-		used = wCount(w)
-	case wEnd(w) > curEnd:
-		percpu.Unpin()
-		return 0, false // a late-stamped take: the window's own path handles it
+		return 0, false, 0, 0
 	}
 	chunk := min(leaseMax, (limit-used-n)/(leaseShare*int64(len(m.leases))))
 	if chunk < 2 {
-		percpu.Unpin()
-		return 0, false
+		return 0, false, 0, 0
 	}
 	c, allowed, endSec, done := take(e, curEnd, limit, n+chunk)
 	switch {
 	case !done:
-		percpu.Unpin()
 		if endSec != 0 {
-			sh.giveBack(h, endSec, n+chunk)
+			return 0, false, n + chunk, endSec
 		}
-		return 0, false
+		return 0, false, 0, 0
 	case !allowed:
-		percpu.Unpin()
-		return 0, false
+		return 0, false, 0, 0
 	case endSec != curEnd:
 		// Counted in a newer window than this take's (see take): keep the
 		// take, return the lease.
-		percpu.Unpin()
-		sh.giveBack(h, endSec, chunk)
-		return c - chunk, true
+		return c - chunk, true, chunk, endSec
 	}
-	// Pinned: nobody else adds credit here or renames the entry; others
-	// may only have taken credit away since the last load.
 	for {
 		v := le.w.Load()
 		credit := chunk
@@ -157,8 +158,7 @@ func (m *Memory) takeLeased(sh *shard, h uint64, curEnd, limit, n int64) (count 
 			credit += lCredit(v)
 		}
 		if le.w.CompareAndSwap(v, lPack(curEnd, lGen(v)+1, credit)) {
-			percpu.Unpin()
-			return c - credit, true
+			return c - credit, true, 0, 0
 		}
 	}
 }
@@ -195,7 +195,7 @@ func (m *Memory) leased(h uint64, endSec int64) int64 {
 	return total
 }
 
-// reclaim empties h's leases in the window ending at endSec (any window
+// reclaim empties h's leases in the window ending at endSec (in any window
 // when endSec is -1) and returns the credit they held.
 func (m *Memory) reclaim(h uint64, endSec int64) int64 {
 	total := int64(0)
@@ -207,9 +207,7 @@ func (m *Memory) reclaim(h uint64, endSec int64) int64 {
 				break
 			}
 			if le.w.CompareAndSwap(v, lPack(lEnd(v), lGen(v), 0)) {
-				if lEnd(v) == endSec {
-					total += lCredit(v)
-				}
+				total += lCredit(v)
 				break
 			}
 		}

@@ -32,16 +32,6 @@ func (m *Memory) TakeAll(ws []Want, now time.Time, out []Decision) bool {
 			m.shards[bits.TrailingZeros64(b)].mu.Unlock()
 		}
 	}()
-	if m.leases != nil {
-		// Credit leased ahead is counted in the windows but admits nobody
-		// here: bring it back, so a window is judged by what was admitted.
-		for i, w := range ws {
-			end := m.spans.current(w.Scope.Window, now).endSec
-			if c := m.reclaim(hs[i], end); c > 0 {
-				m.shardOf(hs[i]).giveBackLocked(hs[i], end, c)
-			}
-		}
-	}
 	all := true
 	for i, w := range ws {
 		out[i] = m.peekLocked(w, hs[i], now)
@@ -72,10 +62,16 @@ func (m *Memory) TakeAll(ws []Want, now time.Time, out []Decision) bool {
 
 // peekLocked decides w, whose key hashes to h, without taking: the
 // window's count and whether w.N more fit. The shard's lock must be held.
+// Credit leased ahead is counted in the window but admits nobody here: it
+// is brought back first, so the window is judged by what was admitted.
 func (m *Memory) peekLocked(w Want, h uint64, now time.Time) Decision {
 	cur := m.spans.current(w.Scope.Window, now)
 	d := Decision{Limit: w.Limit, start: cur.start, end: cur.end, loc: now.Location()}
-	if e := m.shardOf(h).tab.Load().get(h); e != nil {
+	sh := m.shardOf(h)
+	if c := m.reclaim(h, cur.endSec); c > 0 {
+		sh.giveBackLocked(h, cur.endSec, c)
+	}
+	if e := sh.tab.Load().get(h); e != nil {
 		v := e.w.Load()
 		switch end := wEnd(v); {
 		case end == cur.endSec:
