@@ -5,6 +5,8 @@ import (
 	"crypto/tls"
 	"net"
 	"time"
+
+	"github.com/warden-dev/warden/internal/rawio"
 )
 
 // Buffer sizes per upstream connection. The read buffer bounds the
@@ -43,6 +45,7 @@ func (p *Pool) dial(deadline time.Time) (*Conn, error) {
 	if err != nil {
 		return nil, wrap(KindDial, "dial", p.cfg.Addr, err)
 	}
+	raw = rawio.Wrap(raw)
 	nc := raw
 	var set time.Time // the deadline left on the connection
 	if p.tls != nil {

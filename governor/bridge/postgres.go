@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgproto3"
+	"github.com/warden-dev/warden/internal/rawio"
 )
 
 // resetTimeout bounds the DISCARD ALL that readies a connection for reuse.
@@ -24,7 +25,7 @@ const resetTimeout = 5 * time.Second
 // that a refusal can be a proper ErrorResponse.
 func (b *bridge) servePostgres(c *net.TCPConn, g *generation) {
 	_ = c.SetReadDeadline(time.Now().Add(b.set.opts.StartupTimeout))
-	cio := newSockIO(c)
+	cio := rawio.Wrap(c)
 	pkt, msg, err := negotiate(cio)
 	if err != nil {
 		if !isDisconnect(err) {
@@ -87,7 +88,7 @@ func (b *bridge) servePostgres(c *net.TCPConn, g *generation) {
 // before it takes a server connection: a kept one for this login, or a new
 // one logged in on the client's behalf (quietly: the client already has
 // its welcome).
-func (b *bridge) serveCachedLogin(c *net.TCPConn, cio sockIO, g *generation, pkt []byte, key string, w *welcome) {
+func (b *bridge) serveCachedLogin(c *net.TCPConn, cio net.Conn, g *generation, pkt []byte, key string, w *welcome) {
 	out := appendWelcome(nil, w)
 	out, cancel, ct := b.issueCancelKey(out, len(w.key.secret), g.cfg.Upstream)
 	out, _ = (&pgproto3.ReadyForQuery{TxStatus: 'I'}).Encode(out)

@@ -11,6 +11,7 @@ import (
 
 	"github.com/warden-dev/warden/connpool/dbpool"
 	"github.com/warden-dev/warden/governor/clock"
+	"github.com/warden-dev/warden/internal/rawio"
 )
 
 // Buffer sizes of a session's two copy loops. Results flow server→client
@@ -49,8 +50,8 @@ type session struct {
 	cl       *net.TCPConn
 	up       *dbpool.Conn
 	upNet    *net.TCPConn
-	clIO     sockIO // the data path's reads and writes of cl and upNet
-	upIO     sockIO
+	clIO     net.Conn // the data path's reads and writes of cl and upNet
+	upIO     net.Conn
 	born     time.Time // of the upstream connection
 	key      string    // login key for reuse; "" never reused
 	runID    string
@@ -103,7 +104,7 @@ func (b *bridge) newSession(g *generation, cl *net.TCPConn, up *dbpool.Conn, pg 
 	s := &session{
 		b: b, g: g, clk: b.set.clk, pg: pg, cl: cl, up: up, upNet: up.Net(), born: up.Born(),
 		done: make(chan struct{}), bufs: bufferPool.Get().(*buffers),
-		clIO: newSockIO(cl), upIO: newSockIO(up.Net()),
+		clIO: rawio.Wrap(cl), upIO: rawio.Wrap(up.Net()),
 	}
 	s.bufs.br.Reset(s.upIO)
 	return s

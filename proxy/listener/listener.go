@@ -16,6 +16,8 @@ import (
 	"sync"
 
 	"github.com/valyala/fasthttp"
+
+	"github.com/warden-dev/warden/internal/rawio"
 )
 
 // Listener is a fasthttp server bound to one address.
@@ -36,7 +38,10 @@ func Start(addr string, srv *fasthttp.Server, log *slog.Logger) (*Listener, erro
 	srv.ConnState = l.connState
 	srv.CloseOnShutdown = true
 	var err error
-	if l.ln, l.done, err = serve(addr, srv.Serve, net.ErrClosed, log); err != nil {
+	// The fasthttp servers carry the data plane: their connections read and
+	// write with raw calls (see internal/rawio).
+	serveRaw := func(ln net.Listener) error { return srv.Serve(rawio.Listener(ln)) }
+	if l.ln, l.done, err = serve(addr, serveRaw, net.ErrClosed, log); err != nil {
 		return nil, err
 	}
 	return l, nil

@@ -1,0 +1,126 @@
+package rawio
+
+import (
+	"io"
+	"net"
+	"sync"
+	"syscall"
+	"unsafe"
+)
+
+// conn is a TCP connection whose small reads and writes are raw calls.
+type conn struct {
+	*net.TCPConn
+	rc     syscall.RawConn
+	rd, wr op // net.Conn allows a Read and a Write at once
+}
+
+// op is one direction's call in progress. RawConn runs the given function
+// until it returns true, waiting on the poller for readiness between
+// attempts; the function's arguments and results live here, and it is a
+// method value bound once, so a call allocates nothing.
+type op struct {
+	mu    sync.Mutex // net.Conn allows concurrent calls
+	p     []byte
+	n     int
+	errno syscall.Errno
+	fn    func(fd uintptr) bool
+}
+
+func wrap(tc *net.TCPConn, rc syscall.RawConn) net.Conn {
+	c := &conn{TCPConn: tc, rc: rc}
+	c.rd.fn = c.rd.read
+	c.wr.fn = c.wr.write
+	return c
+}
+
+// do runs o.fn on p through RawConn's Read or Write.
+func (o *op) do(p []byte, via func(func(fd uintptr) bool) error) (int, syscall.Errno, error) {
+	o.mu.Lock()
+	o.p, o.n, o.errno = p, 0, 0
+	err := via(o.fn)
+	n, errno := o.n, o.errno
+	o.p = nil
+	o.mu.Unlock()
+	return n, errno, err
+}
+
+func (c *conn) Read(p []byte) (int, error) {
+	if len(p) > maxRaw {
+		return c.TCPConn.Read(p)
+	}
+	if len(p) == 0 {
+		return 0, nil
+	}
+	n, errno, err := c.rd.do(p, c.rc.Read)
+	switch {
+	case err != nil:
+		return 0, opError("read", c.TCPConn, err)
+	case errno != 0:
+		return 0, opError("read", c.TCPConn, errno)
+	case n == 0:
+		return 0, io.EOF
+	}
+	return n, nil
+}
+
+// read is one attempt: false when nothing is there yet (the poller then
+// waits for the socket to become readable).
+func (o *op) read(fd uintptr) bool {
+	for {
+		n, _, e := syscall.RawSyscall(syscall.SYS_READ, fd, uintptr(unsafe.Pointer(&o.p[0])), uintptr(len(o.p)))
+		switch e {
+		case syscall.EINTR:
+			continue
+		case syscall.EAGAIN:
+			return false
+		case 0:
+			o.n = int(n)
+		default:
+			o.errno = e
+		}
+		return true
+	}
+}
+
+func (c *conn) Write(p []byte) (int, error) {
+	if len(p) > maxRaw {
+		return c.TCPConn.Write(p)
+	}
+	if len(p) == 0 {
+		return 0, nil
+	}
+	n, errno, err := c.wr.do(p, c.rc.Write)
+	switch {
+	case err != nil:
+		return n, opError("write", c.TCPConn, err)
+	case errno != 0:
+		return n, opError("write", c.TCPConn, errno)
+	}
+	return n, nil
+}
+
+// write writes what the socket takes, and is called again, after the
+// poller saw room, for the rest: a Write returns when all of p is written
+// or on an error, as the net package's does.
+func (o *op) write(fd uintptr) bool {
+	for o.n < len(o.p) {
+		b := o.p[o.n:]
+		n, _, e := syscall.RawSyscall(syscall.SYS_WRITE, fd, uintptr(unsafe.Pointer(&b[0])), uintptr(len(b)))
+		switch e {
+		case syscall.EINTR:
+			continue
+		case syscall.EAGAIN:
+			return false
+		case 0:
+			if n == 0 {
+				return false // no room after all: wait for it
+			}
+			o.n += int(n)
+		default:
+			o.errno = e
+			return true
+		}
+	}
+	return true
+}

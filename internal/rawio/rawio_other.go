@@ -1,0 +1,11 @@
+//go:build !linux
+
+package rawio
+
+import (
+	"net"
+	"syscall"
+)
+
+// Elsewhere the net package's reads and writes are kept.
+func wrap(tc *net.TCPConn, _ syscall.RawConn) net.Conn { return tc }
