@@ -31,6 +31,7 @@ import (
 	"github.com/valyala/fasthttp"
 
 	"github.com/warden-dev/warden/bench/loadgen"
+	"github.com/warden-dev/warden/internal/rawio"
 )
 
 func main() {
@@ -39,7 +40,7 @@ func main() {
 		return
 	}
 	if len(os.Args) > 3 && os.Args[1] == "floor" {
-		serveFloor(os.Args[2], os.Args[3])
+		serveFloor(os.Args[2], os.Args[3], len(os.Args) > 4 && os.Args[4] == "raw")
 		return
 	}
 	var o options
@@ -83,9 +84,20 @@ func serveUpstream(addr string) {
 // serveFloor is the least a Go proxy on fasthttp can do: a server whose
 // handler passes the request to a HostClient and the response back, with
 // no checks, controls or metrics. Its row shows how much of warden's cost
-// is the runtime and library floor rather than warden's own work.
-func serveFloor(listen, upstream string) {
+// is the runtime and library floor rather than warden's own work. With
+// raw, its sockets read and write as warden's do (internal/rawio), which
+// shows what that alone saves.
+func serveFloor(listen, upstream string, raw bool) {
 	hc := &fasthttp.HostClient{Addr: upstream, MaxIdemponentCallAttempts: 1}
+	if raw {
+		hc.Dial = func(addr string) (net.Conn, error) {
+			c, err := fasthttp.Dial(addr)
+			if err != nil {
+				return nil, err
+			}
+			return rawio.Wrap(c), nil
+		}
+	}
 	s := &fasthttp.Server{
 		Handler: func(ctx *fasthttp.RequestCtx) {
 			if err := hc.Do(&ctx.Request, &ctx.Response); err != nil {
@@ -95,7 +107,14 @@ func serveFloor(listen, upstream string) {
 		NoDefaultServerHeader: true,
 		NoDefaultDate:         true,
 	}
-	if err := s.ListenAndServe(listen); err != nil {
+	ln, err := net.Listen("tcp", listen)
+	if err == nil {
+		if raw {
+			ln = rawio.Listener(ln)
+		}
+		err = s.Serve(ln)
+	}
+	if err != nil {
 		fmt.Fprintln(os.Stderr, "floor:", err)
 		os.Exit(1)
 	}
@@ -116,7 +135,7 @@ func run(o options) error {
 	if err := os.MkdirAll(out, 0o755); err != nil {
 		return err
 	}
-	ports := freePorts(10)
+	ports := freePorts(11)
 	upAddr := ports[0]
 	var procs []*proc
 	defer func() {
@@ -167,6 +186,12 @@ func run(o options) error {
 	}
 	procs = append(procs, floor)
 	paths = append(paths, path{name: "fasthttp floor", addr: ports[9], pid: floor.cmd.Process.Pid})
+	floorRaw, err := start(out, "floor-raw", nil, self, "floor", ports[10], upAddr, "raw")
+	if err != nil {
+		return err
+	}
+	procs = append(procs, floorRaw)
+	paths = append(paths, path{name: "floor, raw I/O", addr: ports[10], pid: floorRaw.cmd.Process.Pid})
 
 	nginxPath := path{name: "nginx", addr: ports[4]}
 	if bin, err := exec.LookPath("nginx"); err != nil {
@@ -377,7 +402,8 @@ func measure(o options, out string, paths []path) error {
 		o.rounds, o.conc, o.dur, o.warmup, runtime.NumCPU())
 	fmt.Println("nginx: 2 workers, HTTP/1.1 keep-alive to the upstream (keepalive 128); HAProxy: nbthread 2, keep-alive and http-reuse always;")
 	fmt.Println("warden: GOMAXPROCS 2 (rows marked 1P: a second warden with GOMAXPROCS=1); egress with tenant cap, breaker and pool on;")
-	fmt.Println("fasthttp floor: a bare fasthttp server + HostClient proxy, no checks or controls (the Go floor)")
+	fmt.Println("fasthttp floor: a bare fasthttp server + HostClient proxy, no checks or controls (the Go floor);")
+	fmt.Println("floor, raw I/O: the same with warden's raw socket reads and writes (internal/rawio)")
 	for round := range o.rounds {
 		for i, p := range paths {
 			r := row{}
@@ -487,7 +513,7 @@ func render(paths []path, results [][]row) string {
 		"upstream's). +pNN: latency added over the direct path measured at the same rate, half of that path's\n" +
 		"saturation, open loop. Medians over the rounds.\n")
 	b.WriteString("\nratios (throughput, higher is better; CPU per request, lower is better; added p99):\n")
-	for _, w := range []string{"warden ingress", "warden egress", "warden ingress 1P", "warden egress 1P", "fasthttp floor"} {
+	for _, w := range []string{"warden ingress", "warden egress", "warden ingress 1P", "warden egress 1P", "fasthttp floor", "floor, raw I/O"} {
 		for _, base := range []string{"nginx", "haproxy"} {
 			if rps[w] == 0 || rps[base] == 0 {
 				continue
@@ -499,10 +525,11 @@ func render(paths []path, results [][]row) string {
 			fmt.Fprintf(&b, "  %-18s / %-8s throughput %.2fx   CPU/req %s   added p99 %s vs %s\n", w, base, rps[w]/rps[base], cpuRatio, us(added99[w]), us(added99[base]))
 		}
 	}
-	if f := cpu["fasthttp floor"]; f > 0 {
+	if f, r := cpu["fasthttp floor"], cpu["floor, raw I/O"]; f > 0 && r > 0 {
+		fmt.Fprintf(&b, "  %-18s / fasthttp floor CPU/req %.2fx, throughput %.2fx (what raw socket I/O saves)\n", "floor, raw I/O", float64(r)/float64(f), rps["floor, raw I/O"]/rps["fasthttp floor"])
 		for _, w := range []string{"warden ingress", "warden egress"} {
 			if cpu[w] > 0 {
-				fmt.Fprintf(&b, "  %-18s / fasthttp floor CPU/req %.2fx (warden's own work: %s per request)\n", w, float64(cpu[w])/float64(f), us1(cpu[w]-f))
+				fmt.Fprintf(&b, "  %-18s / floor, raw I/O CPU/req %.2fx (warden's own work: %s per request)\n", w, float64(cpu[w])/float64(r), us1(cpu[w]-r))
 			}
 		}
 	}
