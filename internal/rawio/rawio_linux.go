@@ -53,6 +53,7 @@ func (c *conn) Read(p []byte) (int, error) {
 		return 0, nil
 	}
 	n, errno, err := c.rd.do(p, c.rc.Read)
+	raceWrite(p[:n])
 	switch {
 	case err != nil:
 		return 0, opError("read", c.TCPConn, err)
@@ -90,6 +91,7 @@ func (c *conn) Write(p []byte) (int, error) {
 	if len(p) == 0 {
 		return 0, nil
 	}
+	raceRead(p)
 	n, errno, err := c.wr.do(p, c.rc.Write)
 	switch {
 	case err != nil:
