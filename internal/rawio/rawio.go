@@ -17,7 +17,10 @@
 // poller still used to wait for readiness), the processor stays with the
 // goroutine, and sysmon has nothing to take back. Calls that copy a lot are
 // left to the net package (see maxRaw), so a raw call never keeps a
-// processor for long.
+// processor for long. What that gives up: a thread the kernel switches out
+// on its way back from a raw call keeps its processor while it waits, where
+// sysmon would have handed it on (proxy/README, "Raw socket I/O", has the
+// latency measured both ways).
 package rawio
 
 import (
