@@ -68,15 +68,20 @@ func serve(addr string, serveOn func(net.Listener) error, stopped error, log *sl
 // Addr is the bound address (useful with port 0).
 func (l *Listener) Addr() net.Addr { return l.ln.Addr() }
 
+// connState runs on every state change, twice per request (active, idle);
+// only the changes that add or remove a connection take the lock, which
+// every connection's goroutine shares.
 func (l *Listener) connState(c net.Conn, st fasthttp.ConnState) {
-	l.mu.Lock()
 	switch st {
 	case fasthttp.StateNew:
+		l.mu.Lock()
 		l.conns[c] = struct{}{}
+		l.mu.Unlock()
 	case fasthttp.StateClosed, fasthttp.StateHijacked:
+		l.mu.Lock()
 		delete(l.conns, c)
+		l.mu.Unlock()
 	}
-	l.mu.Unlock()
 }
 
 // Shutdown stops accepting, waits for in-flight requests until ctx ends,
