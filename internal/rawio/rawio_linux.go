@@ -68,19 +68,25 @@ func (c *conn) Read(p []byte) (int, error) {
 // read is one attempt: false when nothing is there yet (the poller then
 // waits for the socket to become readable).
 func (o *op) read(fd uintptr) bool {
+	n, e := call(syscall.SYS_READ, fd, o.p)
+	switch e {
+	case syscall.EAGAIN:
+		return false
+	case 0:
+		o.n = n
+	default:
+		o.errno = e
+	}
+	return true
+}
+
+// call makes one raw read or write of b, again when a signal interrupted it.
+func call(trap, fd uintptr, b []byte) (int, syscall.Errno) {
 	for {
-		n, _, e := syscall.RawSyscall(syscall.SYS_READ, fd, uintptr(unsafe.Pointer(&o.p[0])), uintptr(len(o.p)))
-		switch e {
-		case syscall.EINTR:
-			continue
-		case syscall.EAGAIN:
-			return false
-		case 0:
-			o.n = int(n)
-		default:
-			o.errno = e
+		n, _, e := syscall.RawSyscall(trap, fd, uintptr(unsafe.Pointer(&b[0])), uintptr(len(b)))
+		if e != syscall.EINTR {
+			return int(n), e
 		}
-		return true
 	}
 }
 
@@ -107,22 +113,15 @@ func (c *conn) Write(p []byte) (int, error) {
 // or on an error, as the net package's does.
 func (o *op) write(fd uintptr) bool {
 	for o.n < len(o.p) {
-		b := o.p[o.n:]
-		n, _, e := syscall.RawSyscall(syscall.SYS_WRITE, fd, uintptr(unsafe.Pointer(&b[0])), uintptr(len(b)))
-		switch e {
-		case syscall.EINTR:
-			continue
-		case syscall.EAGAIN:
-			return false
-		case 0:
-			if n == 0 {
-				return false // no room after all: wait for it
-			}
-			o.n += int(n)
-		default:
+		n, e := call(syscall.SYS_WRITE, fd, o.p[o.n:])
+		switch {
+		case e == syscall.EAGAIN, e == 0 && n == 0:
+			return false // no room: wait for it
+		case e != 0:
 			o.errno = e
 			return true
 		}
+		o.n += n
 	}
 	return true
 }
