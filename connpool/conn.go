@@ -25,6 +25,7 @@ type Conn struct {
 	raw net.Conn // the TCP connection under nc, probed for liveness
 	br  *bufio.Reader
 	bw  *bufio.Writer
+	out *sender // what bw flushes into
 
 	born     int64     // janitor tick the connection was dialled at
 	idleFrom int64     // janitor tick it last went idle
@@ -58,12 +59,31 @@ func (p *Pool) dial(deadline time.Time) (*Conn, error) {
 		nc = tc
 		set = deadline
 	}
+	out := &sender{nc: nc, plain: nc == raw}
 	return &Conn{
-		nc: nc, raw: raw, deadline: set,
+		nc: nc, raw: raw, deadline: set, out: out,
 		br:   bufio.NewReaderSize(nc, readBufferSize),
-		bw:   bufio.NewWriterSize(nc, writeBufferSize),
+		bw:   bufio.NewWriterSize(out, writeBufferSize),
 		born: p.set.ticks(),
 	}, nil
+}
+
+// sender is what a connection's bufio.Writer flushes into. The flush that
+// ends a request (last) on a plain TCP connection also waits for the reply
+// to begin (rawio.WriteAwaitingReply), which spares the response read a
+// first attempt that would find nothing. Over TLS the record layer writes,
+// so there it is a plain write.
+type sender struct {
+	nc    net.Conn
+	plain bool
+	last  bool
+}
+
+func (s *sender) Write(p []byte) (int, error) {
+	if s.last && s.plain {
+		return rawio.WriteAwaitingReply(s.nc, p)
+	}
+	return s.nc.Write(p)
 }
 
 // alive reports whether an idle connection can still carry a request: the

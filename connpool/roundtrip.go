@@ -127,7 +127,9 @@ func (p *Pool) writeRequest(c *Conn, req *Request) error {
 		err = copyChunked(bw, req.Stream)
 	}
 	if err == nil {
+		c.out.last = true
 		err = bw.Flush()
+		c.out.last = false
 	}
 	if err != nil {
 		var ce errClientBody

@@ -65,6 +65,18 @@ func Wrap(c net.Conn) net.Conn {
 	return wrap(tc, rc)
 }
 
+// WriteAwaitingReply writes all of p to c, as c.Write does, and then,
+// when c is a raw connection, waits until c has something to read, without
+// reading it: the exchange of a client that writes a request and then reads
+// the reply. A plain Write followed by Read would first try a read that
+// finds nothing (the peer has not answered yet) and only then wait; this
+// saves that system call.
+//
+// The wait ends when the reply begins, the peer closes, or the read
+// deadline passes; the next Read reports the last two, and an error is
+// returned only when writing failed. c must not be written concurrently.
+func WriteAwaitingReply(c net.Conn, p []byte) (int, error) { return writeAwaitingReply(c, p) }
+
 // opError dresses an error from a raw read or write as the net package
 // dresses its own ("read tcp a->b: read: connection reset by peer"), so
 // logs and 502 bodies read the same whichever path failed.

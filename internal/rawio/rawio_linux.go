@@ -13,6 +13,7 @@ type conn struct {
 	*net.TCPConn
 	rc     syscall.RawConn
 	rd, wr op // net.Conn allows a Read and a Write at once
+	ask    op // WriteAwaitingReply's write, made under the read side's wait
 }
 
 // op is one direction's call in progress. RawConn runs the given function
@@ -31,6 +32,7 @@ func wrap(tc *net.TCPConn, rc syscall.RawConn) net.Conn {
 	c := &conn{TCPConn: tc, rc: rc}
 	c.rd.fn = c.rd.read
 	c.wr.fn = c.wr.write
+	c.ask.fn = c.ask.writeThenWait
 	return c
 }
 
@@ -124,4 +126,58 @@ func (o *op) write(fd uintptr) bool {
 		o.n += n
 	}
 	return true
+}
+
+func writeAwaitingReply(c net.Conn, p []byte) (int, error) {
+	rc, ok := c.(*conn)
+	if !ok || len(p) == 0 || len(p) > maxRaw {
+		return c.Write(p)
+	}
+	return rc.writeAwaitingReply(p)
+}
+
+// writeAwaitingReply writes p from inside RawConn.Read: Read clears the
+// socket's readiness before calling, so every byte of the reply arrives
+// after that and wakes the wait that follows the write. The reply is not
+// read here; the caller's next Read finds it at its first attempt.
+func (c *conn) writeAwaitingReply(p []byte) (int, error) {
+	raceRead(p)
+	c.wr.mu.Lock() // the write is on the write side, whatever lock RawConn holds
+	n, errno, _ := c.ask.do(p, c.rc.Read)
+	c.wr.mu.Unlock()
+	switch {
+	case errno != 0:
+		return n, opError("write", c.TCPConn, errno)
+	case n == len(p):
+		// Written. A wait cut short (deadline, close) is the next Read's
+		// to report: the request went out, and that must read as a
+		// failure to get the reply, not to send.
+		return n, nil
+	}
+	// The read side refused before writing (its deadline, a close) or the
+	// socket had no room for all of p: the write path finishes, and its
+	// error is the one that describes the write.
+	m, err := c.Write(p[n:])
+	return n + m, err
+}
+
+// writeThenWait writes all of o.p and returns false, so RawConn.Read waits
+// for the socket to become readable, then returns true without reading.
+// It stops early when the socket has no room, leaving the rest to Write.
+func (o *op) writeThenWait(fd uintptr) bool {
+	if o.n == len(o.p) {
+		return true // called again: readable
+	}
+	for o.n < len(o.p) {
+		n, e := call(syscall.SYS_WRITE, fd, o.p[o.n:])
+		switch {
+		case e == syscall.EAGAIN, e == 0 && n == 0:
+			return true
+		case e != 0:
+			o.errno = e
+			return true
+		}
+		o.n += n
+	}
+	return false
 }

@@ -279,4 +279,112 @@ func TestNoAllocations(t *testing.T) {
 	if allocs != 0 {
 		t.Fatalf("%v allocations per write and read, want 0", allocs)
 	}
+
+	// An exchange with an echoing peer: request out with
+	// WriteAwaitingReply, reply in with Read.
+	go func() {
+		echo := make([]byte, 200)
+		for {
+			if _, err := io.ReadFull(a, echo); err != nil {
+				return
+			}
+			if _, err := a.Write(echo); err != nil {
+				return
+			}
+		}
+	}()
+	allocs = testing.AllocsPerRun(1000, func() {
+		if _, err := WriteAwaitingReply(b, msg); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := io.ReadFull(b, buf); err != nil {
+			t.Fatal(err)
+		}
+	})
+	if allocs != 0 {
+		t.Fatalf("%v allocations per exchange, want 0", allocs)
+	}
+}
+
+// TestWriteAwaitingReply: the call writes everything, returns only once
+// the peer has answered, closed, or the read deadline has passed, and
+// leaves the answer (or the reason there is none) to the next Read.
+func TestWriteAwaitingReply(t *testing.T) {
+	tests := []struct {
+		name    string
+		size    int // request bytes
+		sndbuf  int // the writer's socket send buffer; 0 leaves the default
+		peer    func(net.Conn)
+		wantErr error // from the Read after the call
+		reply   string
+		pending bool // the call is still waiting after the peer read the request
+	}{
+		{name: "reply", size: 100, peer: func(c net.Conn) { c.Write([]byte("answer")) }, reply: "answer", pending: true},
+		{name: "peer closes", size: 100, peer: func(c net.Conn) { c.Close() }, wantErr: io.EOF, pending: true},
+		{name: "read deadline", size: 100, peer: func(net.Conn) {}, wantErr: os.ErrDeadlineExceeded, pending: true},
+		// More than the socket takes at once: the rest goes through Write.
+		{name: "no room", size: 60 << 10, sndbuf: 4 << 10, peer: func(c net.Conn) { c.Write([]byte("answer")) }, reply: "answer"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			a, b := pair(t)
+			if tt.sndbuf > 0 {
+				b.(interface{ SetWriteBuffer(int) error }).SetWriteBuffer(tt.sndbuf)
+			}
+			if tt.wantErr == os.ErrDeadlineExceeded {
+				b.SetReadDeadline(time.Now().Add(100 * time.Millisecond))
+			}
+			req := bytes.Repeat([]byte("r"), tt.size)
+			type result struct {
+				n   int
+				err error
+			}
+			done := make(chan result, 1)
+			go func() {
+				n, err := WriteAwaitingReply(b, req)
+				done <- result{n, err}
+			}()
+			got := make([]byte, tt.size)
+			if _, err := io.ReadFull(a, got); err != nil || !bytes.Equal(got, req) {
+				t.Fatalf("peer read %d bytes, err %v", len(got), err)
+			}
+			if tt.pending && runtime.GOOS == "linux" {
+				select {
+				case r := <-done:
+					t.Fatalf("returned (%d, %v) before the peer answered", r.n, r.err)
+				case <-time.After(20 * time.Millisecond):
+				}
+			}
+			tt.peer(a)
+			r := <-done
+			if r.n != len(req) || r.err != nil {
+				t.Fatalf("WriteAwaitingReply = %d, %v; want %d, nil", r.n, r.err, len(req))
+			}
+			buf := make([]byte, 16)
+			n, err := b.Read(buf)
+			if tt.wantErr != nil {
+				if !errors.Is(err, tt.wantErr) {
+					t.Fatalf("Read after the call: %v, want %v", err, tt.wantErr)
+				}
+				return
+			}
+			if err != nil || string(buf[:n]) != tt.reply {
+				t.Fatalf("Read after the call: %q, %v; want %q", buf[:n], err, tt.reply)
+			}
+		})
+	}
+}
+
+func TestWriteAwaitingReplyErrors(t *testing.T) {
+	a, b := pair(t)
+	a.Close()
+	b.Close()
+	if _, err := WriteAwaitingReply(b, []byte("x")); !errors.Is(err, net.ErrClosed) || !strings.HasPrefix(err.Error(), "write tcp ") {
+		t.Fatalf("on a closed connection: %v", err)
+	}
+	_, c := pair(t)
+	c.SetDeadline(time.Now().Add(-time.Second))
+	if _, err := WriteAwaitingReply(c, []byte("x")); !errors.Is(err, os.ErrDeadlineExceeded) || !strings.HasPrefix(err.Error(), "write tcp ") {
+		t.Fatalf("past the deadline: %v", err)
+	}
 }
