@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bufio"
 	"context"
 	"fmt"
 	"io"
@@ -164,4 +165,84 @@ func grep(s, what string) string {
 		}
 	}
 	return strings.Join(out, "\n")
+}
+
+// TestShutdownGraceCuts: work still in flight when shutdown_grace ends (a
+// request the worker holds, an idle CONNECT tunnel) is cut, the cut is
+// logged, and SIGTERM still exits 0.
+func TestShutdownGraceCuts(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds and runs the binary")
+	}
+	release := make(chan struct{})
+	entered := make(chan struct{}, 1)
+	upstream := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		entered <- struct{}{}
+		<-release
+	})}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go upstream.Serve(ln)
+	defer upstream.Close()
+	defer close(release)
+
+	admin, ingress, egress := freePort(t), freePort(t), freePort(t)
+	policy := filepath.Join(t.TempDir(), "policy.yaml")
+	if err := os.WriteFile(policy, []byte(fmt.Sprintf(`version: 1
+shutdown_grace: 1s
+admin: { listen: %s }
+ingress: { listen: %s, worker: "http://%s" }
+egress: { http_listen: %s }
+`, admin, ingress, ln.Addr(), egress)), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	p := start(t, buildWarden(t), nil, "run", "--policy", policy, "--data-dir", t.TempDir())
+	p.waitLog(t, "warden running")
+
+	// An idle tunnel through the egress.
+	tc, err := net.Dial("tcp", egress)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tc.Close()
+	fmt.Fprintf(tc, "CONNECT %s HTTP/1.1\r\nHost: %s\r\n\r\n", ln.Addr(), ln.Addr())
+	tc.SetReadDeadline(time.Now().Add(10 * time.Second))
+	tr := bufio.NewReader(tc)
+	resp, err := http.ReadResponse(tr, nil)
+	if err != nil || resp.StatusCode != 200 {
+		t.Fatalf("CONNECT: %v, %v", resp, err)
+	}
+	// A request the worker holds past the grace.
+	held := make(chan error, 1)
+	go func() {
+		c := &http.Client{Timeout: 20 * time.Second}
+		resp, err := c.Get("http://" + ingress + "/held")
+		if err == nil {
+			resp.Body.Close()
+			err = fmt.Errorf("answered %s", resp.Status)
+		}
+		held <- err
+	}()
+	<-entered
+
+	if err := p.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	p.waitLog(t, "shutdown_grace ended")
+	select {
+	case err := <-p.done:
+		if err != nil {
+			t.Fatalf("exit after SIGTERM with work cut at the end of the grace: %v", err)
+		}
+	case <-time.After(15 * time.Second):
+		t.Fatal("warden did not exit after SIGTERM")
+	}
+	if err := <-held; err == nil {
+		t.Fatal("the held request was answered")
+	}
+	if n, err := tr.Read(make([]byte, 1)); err == nil {
+		t.Fatalf("the tunnel is still open after warden exited (read %d bytes)", n)
+	}
 }

@@ -254,24 +254,51 @@ func (a *App) shutdown() error {
 	defer cancel()
 	a.log.Info("draining", "grace", grace)
 	var errs []error
+	// A drain the grace ran out on is what shutdown_grace is for: what was
+	// still in flight is cut, and that is a warning, not a failed shutdown
+	// (SIGTERM exits 0). Anything else, such as a run store that fails to
+	// close, is an error.
+	note := func(name string, err error) {
+		switch {
+		case err == nil:
+		case graceOver(err):
+			a.log.Warn("shutdown_grace ended before the drain did: closed the connections left", "component", name, "grace", grace, "err", err)
+		default:
+			errs = append(errs, fmt.Errorf("%s: %w", name, err))
+		}
+	}
 	// Components in reverse start order: listeners stop taking work before
 	// what they feed is drained.
 	for i := len(a.components) - 1; i >= 0; i-- {
-		if err := a.components[i].Shutdown(ctx); err != nil {
-			errs = append(errs, fmt.Errorf("%s: %w", a.components[i].Name(), err))
-		}
+		note(a.components[i].Name(), a.components[i].Shutdown(ctx))
 	}
 	a.adminMu.Lock()
 	srv := a.adminSrv
 	a.adminMu.Unlock()
 	if srv != nil {
-		if err := srv.Shutdown(ctx); err != nil {
-			errs = append(errs, fmt.Errorf("admin: %w", err))
+		err := srv.Shutdown(ctx)
+		if err != nil {
+			srv.Close()
 		}
+		note("admin", err)
 	}
 	if err := errors.Join(errs...); err != nil {
 		return err
 	}
 	a.log.Info("stopped")
 	return nil
+}
+
+// graceOver reports whether err says only that the grace period ended:
+// every error it joins is the deadline.
+func graceOver(err error) bool {
+	if j, ok := err.(interface{ Unwrap() []error }); ok {
+		for _, e := range j.Unwrap() {
+			if !graceOver(e) {
+				return false
+			}
+		}
+		return true
+	}
+	return errors.Is(err, context.DeadlineExceeded)
 }
