@@ -2,6 +2,7 @@ package policy
 
 import (
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -58,6 +59,7 @@ var errorCases = []struct {
 
 	// Numbers.
 	{"negative int", "version: 1\npools:\n  p: {concurrency: -1}\n", "3:20: pools.p.concurrency: -1 must not be negative", 0},
+	{"priority out of range", "version: 1\ningress: {listen: ':1', worker: 'http://w'}\nscheduler:\n  definitions:\n    d: {priority: -3000000000}\n", "5:19: scheduler.definitions.d.priority: -3000000000 is outside [-2147483648, 2147483647]", 0},
 	{"huge int", "version: 1\npools:\n  p: {queue: 99999999999}\n", "3:14: pools.p.queue: 99999999999 is too large", 0},
 	{"window", "version: 1\npools:\n  stripe: {rate: 5, window: 45}\n", "3:29: pools.stripe.window: 45 is not one of 1, 60, 3600, 86400", 0},
 	{"failure ratio", "version: 1\ntargets:\n  - name: a\n    hosts: [a]\n    circuit_breaker: {failure_ratio: 1.5}\n", "5:38: targets[0].circuit_breaker.failure_ratio: 1.5 is outside [0,1]", 0},
@@ -378,5 +380,20 @@ rls:
 	}
 	if v := p.RLS.Domains["edge"][0].Value; v != "200" {
 		t.Errorf("value = %q, want \"200\"", v)
+	}
+}
+
+// TestSignedPriority: priority is the one integer that may be negative
+// (below the default 0), as a run's own priority may be.
+func TestSignedPriority(t *testing.T) {
+	for _, prio := range []int{-2147483648, -3, 0, 7, 2147483647} {
+		src := fmt.Sprintf("version: 1\ningress: {listen: ':1', worker: 'http://w'}\nscheduler:\n  definitions:\n    d: {priority: %d}\n", prio)
+		p, err := Parse("t.yaml", []byte(src))
+		if err != nil {
+			t.Fatalf("priority %d: %v", prio, err)
+		}
+		if got := p.Scheduler.Definitions["d"].Priority; got != prio {
+			t.Fatalf("priority %d decoded as %d", prio, got)
+		}
 	}
 }

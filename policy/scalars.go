@@ -29,10 +29,14 @@ func (d *decoder) integer(path string, n *yaml.Node, c checks) (int64, bool) {
 	case !c.signed && i < 0:
 		d.failf(path, n, "%d must not be negative", i)
 		return 0, false
-	case i < int64(c.min):
+	case c.min > 0 && i < int64(c.min):
 		d.failf(path, n, "%d must be at least %d", i, c.min)
 		return 0, false
-	case i > math.MaxInt32 && !c.signed:
+	case c.signed && (i < math.MinInt32 || i > math.MaxInt32):
+		// The same range the run API takes for a run's own priority.
+		d.failf(path, n, "%d is outside [%d, %d]", i, math.MinInt32, math.MaxInt32)
+		return 0, false
+	case i > math.MaxInt32:
 		// Counts, rates and sizes above 2^31 are typos, and keeping them
 		// small keeps the governors' arithmetic far from overflow.
 		d.failf(path, n, "%d is too large (at most %d)", i, math.MaxInt32)
