@@ -170,7 +170,7 @@ func (e *Egress) retry(ctx *fasthttp.RequestCtx, x *exchange, attempt int, reaso
 	ok, control := r.Retry.ShouldRetry(attempt, reason)
 	if !ok {
 		if control == retry.ControlBudget {
-			ctx.Response.Header.Set(respond.HeaderControl, control)
+			respond.MarkControl(&ctx.Response.Header, control)
 			r.Stats.Reject(control, r.Name)
 		}
 		return breaker.Ticket{}, false

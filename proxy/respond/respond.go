@@ -19,6 +19,15 @@ import (
 // HeaderControl names the control that refused or shaped a response.
 const HeaderControl = "x-warden-control"
 
+// MarkControl names control on a response that passes through (an
+// upstream failure returned as is when the retry budget is spent), spelt
+// as the responses written here spell it.
+func MarkControl(h *fasthttp.ResponseHeader, control string) {
+	h.DisableNormalizing()
+	h.Set(HeaderControl, control)
+	h.EnableNormalizing()
+}
+
 // Control names used here beyond the governor's own (SPEC §4).
 const (
 	ControlBreaker  = "circuit_breaker"
@@ -32,6 +41,12 @@ const (
 // begin resets whatever an upstream attempt left in the response.
 func begin(ctx *fasthttp.RequestCtx, status int, control string) {
 	ctx.Response.Reset()
+	// Header names go out as SPEC §4 spells them (x-warden-control,
+	// RateLimit-Limit), not as fasthttp would recase them
+	// (X-Warden-Control, Ratelimit-Limit): names are case-insensitive, but
+	// a client that greps for them should find them. Reset turns
+	// recasing back on for the next response.
+	ctx.Response.Header.DisableNormalizing()
 	ctx.Response.SetStatusCode(status)
 	ctx.Response.Header.SetContentType("application/json")
 	if control != "" {
