@@ -2,6 +2,7 @@ package fasttest
 
 import (
 	"bufio"
+	"bytes"
 	"io"
 	"net"
 	"net/http"
@@ -89,15 +90,8 @@ func (u *Upstream) Paths() []string {
 // closed afterwards.
 func Raw(t testing.TB, addr, raw string) (*http.Response, []byte) {
 	t.Helper()
-	c, err := net.DialTimeout("tcp", addr, 5*time.Second)
-	if err != nil {
-		t.Fatal(err)
-	}
+	c := send(t, addr, raw)
 	defer c.Close()
-	_ = c.SetDeadline(time.Now().Add(10 * time.Second))
-	if _, err := io.WriteString(c, raw); err != nil {
-		t.Fatal(err)
-	}
 	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
 	if err != nil {
 		t.Fatalf("reading the response to %q: %v", raw, err)
@@ -105,6 +99,41 @@ func Raw(t testing.TB, addr, raw string) (*http.Response, []byte) {
 	body, _ := io.ReadAll(resp.Body)
 	resp.Body.Close()
 	return resp, body
+}
+
+// RawHead sends raw bytes to addr and returns the response head as it came
+// off the wire, header names unrecased, ending in the last header's CRLF.
+func RawHead(t testing.TB, addr, raw string) string {
+	t.Helper()
+	c := send(t, addr, raw)
+	defer c.Close()
+	var head []byte
+	buf := make([]byte, 4096)
+	for {
+		if i := bytes.Index(head, []byte("\r\n\r\n")); i >= 0 {
+			return string(head[:i+2])
+		}
+		n, err := c.Read(buf)
+		head = append(head, buf[:n]...)
+		if err != nil {
+			t.Fatalf("reading the response head to %q: %v (read %q)", raw, err, head)
+		}
+	}
+}
+
+// send dials addr and writes raw, with 10 s to finish the exchange.
+func send(t testing.TB, addr, raw string) net.Conn {
+	t.Helper()
+	c, err := net.DialTimeout("tcp", addr, 5*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = c.SetDeadline(time.Now().Add(10 * time.Second))
+	if _, err := io.WriteString(c, raw); err != nil {
+		c.Close()
+		t.Fatal(err)
+	}
+	return c
 }
 
 // WaitFor polls cond until it holds or 10 s pass; for conditions produced

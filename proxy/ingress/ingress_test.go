@@ -2,7 +2,6 @@ package ingress
 
 import (
 	"bufio"
-	"bytes"
 	"context"
 	"fmt"
 	"io"
@@ -179,7 +178,7 @@ func TestTenantCap(t *testing.T) {
 		t.Errorf("body %s\nwant %s", body, wantBody)
 	}
 	// On the wire the names are spelt as SPEC §4 spells them.
-	head := rawHead(t, f.addr, "GET / HTTP/1.1\r\nHost: w\r\nX-Tenant-Id: globex\r\n\r\n")
+	head := fasttest.RawHead(t, f.addr, "GET / HTTP/1.1\r\nHost: w\r\nX-Tenant-Id: globex\r\n\r\n")
 	for _, line := range []string{"\r\nRateLimit-Limit: 3\r\n", "\r\nRateLimit-Remaining: 0\r\n", "\r\nRateLimit-Reset: ", "\r\nRetry-After: ", "\r\nx-warden-control: tenant_rate\r\n"} {
 		if !strings.Contains(head, line) {
 			t.Errorf("429 head has no %q:\n%s", line, head)
@@ -558,28 +557,4 @@ func TestFailedRebindKeepsWorkerPool(t *testing.T) {
 	if old.Stats().Open == 0 {
 		t.Fatal("the worker pool no longer keeps its connections")
 	}
-}
-
-// rawHead sends raw and returns the response head as it came off the wire.
-func rawHead(t *testing.T, addr, raw string) string {
-	t.Helper()
-	c, err := net.DialTimeout("tcp", addr, 5*time.Second)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	_ = c.SetDeadline(time.Now().Add(10 * time.Second))
-	if _, err := io.WriteString(c, raw); err != nil {
-		t.Fatal(err)
-	}
-	var head []byte
-	buf := make([]byte, 4096)
-	for !bytes.Contains(head, []byte("\r\n\r\n")) {
-		n, err := c.Read(buf)
-		head = append(head, buf[:n]...)
-		if err != nil {
-			t.Fatalf("reading the response head: %v (read %q)", err, head)
-		}
-	}
-	return string(head[:bytes.Index(head, []byte("\r\n\r\n"))+2])
 }
