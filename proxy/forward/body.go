@@ -45,6 +45,9 @@ var bufs = sync.Pool{New: func() any { b := make([]byte, 0, 16<<10); return &b }
 func (b *Body) Prepare(ctx *fasthttp.RequestCtx, req *connpool.Request, keep int) (buffered bool, err error) {
 	req.Body, req.Stream = nil, nil
 	h := req.Header
+	// fasthttp writes "Content-Type: application/octet-stream" for a body
+	// that has none; a proxy passes on what the client sent.
+	h.SetNoDefaultContentType(true)
 	if !ctx.Request.IsBodyStream() {
 		req.Body = ctx.Request.Body()
 		return true, nil

@@ -141,6 +141,35 @@ func TestForwardsAndStripsHopByHop(t *testing.T) {
 	}
 }
 
+// TestContentTypePassedAsSent: a body without a Content-Type reaches the
+// worker without one (fasthttp would add application/octet-stream), and
+// one the client set is kept.
+func TestContentTypePassedAsSent(t *testing.T) {
+	f := start(t, "", echoHeaders)
+	tests := []struct{ name, req, want string }{
+		{"length, none", "POST / HTTP/1.1\r\nHost: w\r\nContent-Length: 3\r\n\r\nabc", ""},
+		{"chunked, none", "POST / HTTP/1.1\r\nHost: w\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n0\r\n\r\n", ""},
+		{"length, set", "POST / HTTP/1.1\r\nHost: w\r\nContent-Type: text/csv\r\nContent-Length: 3\r\n\r\nabc", "text/csv"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			resp, body := fasttest.Raw(t, f.addr, tt.req)
+			if resp.StatusCode != 200 {
+				t.Fatalf("status %d: %s", resp.StatusCode, body)
+			}
+			got := ""
+			for _, line := range strings.Split(string(body), "\n") {
+				if v, ok := strings.CutPrefix(line, "content-type: "); ok {
+					got = v
+				}
+			}
+			if got != tt.want {
+				t.Fatalf("worker saw Content-Type %q, want %q:\n%s", got, tt.want, body)
+			}
+		})
+	}
+}
+
 func TestAbsoluteFormBecomesOriginForm(t *testing.T) {
 	f := start(t, "", func(ctx *fasthttp.RequestCtx) { ctx.Write(ctx.Request.Header.RequestURI()) })
 	_, body := fasttest.Raw(t, f.addr, "GET http://svc/a/b?c=d HTTP/1.1\r\nHost: svc\r\n\r\n")
