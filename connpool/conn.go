@@ -68,19 +68,21 @@ func (p *Pool) dial(deadline time.Time) (*Conn, error) {
 	}, nil
 }
 
-// sender is what a connection's bufio.Writer flushes into. The flush that
-// ends a request (last) on a plain TCP connection also waits for the reply
-// to begin (rawio.WriteAwaitingReply), which spares the response read a
-// first attempt that would find nothing. Over TLS the record layer writes,
-// so there it is a plain write.
+// sender is what a connection's bufio.Writer flushes into. When a request
+// goes out in one write (await), on a plain TCP connection, that write
+// also waits for the reply to begin (rawio.WriteAwaitingReply), which
+// spares the response read a first attempt that would find nothing. Over
+// TLS the record layer writes, so there it is a plain write.
 type sender struct {
-	nc    net.Conn
-	plain bool
-	last  bool
+	nc     net.Conn
+	plain  bool
+	await  bool
+	writes int // writes made, so that a request can tell it took only one
 }
 
 func (s *sender) Write(p []byte) (int, error) {
-	if s.last && s.plain {
+	s.writes++
+	if s.await && s.plain {
 		return rawio.WriteAwaitingReply(s.nc, p)
 	}
 	return s.nc.Write(p)

@@ -566,3 +566,53 @@ func TestMaxLifetimeRetires(t *testing.T) {
 		}
 	}
 }
+
+// gatedReader returns first, then blocks until gate is closed, then
+// returns rest and EOF.
+type gatedReader struct {
+	first, rest []byte
+	gate        <-chan struct{}
+}
+
+func (g *gatedReader) Read(p []byte) (int, error) {
+	if len(g.first) > 0 {
+		n := copy(p, g.first)
+		g.first = g.first[n:]
+		return n, nil
+	}
+	<-g.gate
+	if len(g.rest) == 0 {
+		return 0, io.EOF
+	}
+	n := copy(p, g.rest)
+	g.rest = g.rest[n:]
+	return n, nil
+}
+
+// TestEarlyResponse: an upstream may answer before it has the whole
+// request (a refusal after the head, the rest of the body read and
+// dropped). The answer is then in before the request's last bytes go
+// out, and the exchange must still read it rather than wait for more.
+func TestEarlyResponse(t *testing.T) {
+	answered := make(chan struct{})
+	addr := rawServer(t, func(c net.Conn, br *bufio.Reader) {
+		if readRequestHead(br) != nil {
+			return
+		}
+		io.WriteString(c, "HTTP/1.1 413 Payload Too Large\r\nContent-Length: 4\r\n\r\nbig!")
+		close(answered) // on loopback the bytes are in the client's socket once written
+		io.Copy(io.Discard, br)
+	})
+	p := newSet(t, clock.Real{}).Pool("t", Config{Addr: addr})
+	h := getRequest(addr, "/")
+	h.SetMethod("POST")
+	const size = 3 * writeBufferSize
+	h.SetContentLength(size)
+	// More than the write buffer first, so the head goes out on its own;
+	// the last bytes only once the answer is in.
+	body := &gatedReader{first: make([]byte, 2*writeBufferSize), rest: make([]byte, writeBufferSize), gate: answered}
+	st, got, err := exchange(t, p, &Request{Header: h, Stream: body, Deadline: time.Now().Add(5 * time.Second)})
+	if err != nil || st != 413 || string(got) != "big!" {
+		t.Fatalf("status %d body %q err %v", st, got, err)
+	}
+}

@@ -114,6 +114,7 @@ func (p *Pool) readHead(c *Conn, resp *fasthttp.Response) error {
 
 func (p *Pool) writeRequest(c *Conn, req *Request) error {
 	bw := c.bw
+	writes := c.out.writes
 	if _, err := bw.Write(req.Header.Header()); err != nil {
 		return wrap(KindUpstream, "write request to", p.cfg.Addr, err)
 	}
@@ -127,9 +128,14 @@ func (p *Pool) writeRequest(c *Conn, req *Request) error {
 		err = copyChunked(bw, req.Stream)
 	}
 	if err == nil {
-		c.out.last = true
+		// Waiting for the reply inside the last write is only sound when
+		// that write is the whole request. An upstream may answer as soon
+		// as it has the head (a refusal, the rest of the body dropped);
+		// that answer would arrive before the last write clears the
+		// socket's readiness, and nothing would wake the wait.
+		c.out.await = c.out.writes == writes
 		err = bw.Flush()
-		c.out.last = false
+		c.out.await = false
 	}
 	if err != nil {
 		var ce errClientBody

@@ -75,6 +75,11 @@ func Wrap(c net.Conn) net.Conn {
 // The wait ends when the reply begins, the peer closes, or the read
 // deadline passes; the next Read reports the last two, and an error is
 // returned only when writing failed. c must not be written concurrently.
+//
+// Only what arrives after the call begins wakes the wait, so p must be
+// the whole request: a peer that answered an earlier part (an HTTP server
+// refusing a body after its head) would have nothing more to send, and
+// the call would wait for the deadline.
 func WriteAwaitingReply(c net.Conn, p []byte) (int, error) { return writeAwaitingReply(c, p) }
 
 // opError dresses an error from a raw read or write as the net package
