@@ -61,6 +61,7 @@ func startUpstream(t *testing.T, h fasthttp.RequestHandler) *upstream {
 	go func() { defer close(done); _ = u.srv.Serve(ln) }()
 	t.Cleanup(func() {
 		_ = u.srv.Shutdown()
+		_ = ln.Close() // in case Serve had not registered it (see fasttest.StartUpstream)
 		<-done
 	})
 	return u

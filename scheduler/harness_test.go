@@ -213,6 +213,7 @@ func newHarness(t *testing.T, yaml string, opts ...harnessOpt) *harness {
 	t.Cleanup(func() {
 		h.client.CloseIdleConnections()
 		srv.Shutdown()
+		ln.Close() // in case Serve had not registered it (see fasttest.StartUpstream)
 		<-served
 		h.shutdown()
 	})
