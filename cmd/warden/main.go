@@ -122,6 +122,12 @@ func runCmd(args []string, stderr io.Writer) int {
 		fmt.Fprintln(stderr, "warden run: --policy FILE is required")
 		return 2
 	}
+	if fs.NArg() > 0 {
+		// "warden run --policy a.yaml b.yaml" must not quietly run a.yaml
+		// alone; flags after a word are not parsed either.
+		fmt.Fprintf(stderr, "warden run: unexpected argument %q (run takes flags only: --policy FILE ...)\n", fs.Arg(0))
+		return 2
+	}
 	log, err := newLogger(stderr, *logFormat, *logLevel)
 	if err != nil {
 		fmt.Fprintln(stderr, "warden run:", err)

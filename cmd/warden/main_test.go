@@ -88,6 +88,30 @@ func TestVersion(t *testing.T) {
 	}
 }
 
+// TestRunRefusesBadArguments: usage mistakes stop warden run before it
+// starts anything, with exit 2 and a message naming the mistake.
+func TestRunRefusesBadArguments(t *testing.T) {
+	tests := []struct {
+		name string
+		args []string
+		want string
+	}{
+		{"no policy", []string{"run"}, "--policy FILE is required"},
+		{"extra argument", []string{"run", "--policy", "a.yaml", "b.yaml"}, `unexpected argument "b.yaml"`},
+		{"flag after a word", []string{"run", "--policy", "a.yaml", "now", "--log-level", "debug"}, `unexpected argument "now"`},
+		{"log format", []string{"run", "--policy", "a.yaml", "--log-format", "xml"}, "--log-format"},
+		{"log level", []string{"run", "--policy", "a.yaml", "--log-level", "loud"}, "--log-level"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			var errb bytes.Buffer
+			if code := run(tt.args, io.Discard, &errb); code != 2 || !strings.Contains(errb.String(), tt.want) {
+				t.Fatalf("exit %d, stderr %q; want 2 and %q", code, errb.String(), tt.want)
+			}
+		})
+	}
+}
+
 // buildWarden compiles the binary once per test run.
 func buildWarden(t *testing.T) string {
 	t.Helper()
