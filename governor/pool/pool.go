@@ -473,7 +473,11 @@ func (p *Pool) WatchWindow() {
 // Reset restores the pool's full rate allowance without moving its boundary.
 // Concurrency counts are untouched.
 func (p *Pool) Reset() {
-	p.counter.Reset(p.scope, p.key)
+	// A pool without a rate gate has no window to reset (and a window
+	// counter has no bounds for size 0).
+	if p.scope.Window != 0 {
+		p.counter.Reset(p.scope, p.key)
+	}
 	if p.gCount != nil {
 		p.gCount.Set(0)
 	}

@@ -100,6 +100,35 @@ func TestImmediateRefusals(t *testing.T) {
 	})
 }
 
+// TestResetWithoutRate: resetting a pool that has only a concurrency
+// limit (no window) is allowed and leaves its in-flight count alone, on
+// both backends; with Redis it used to panic on the window's bounds, and
+// ResetAll stopped at that pool.
+func TestResetWithoutRate(t *testing.T) {
+	eachBackend(t, func(t *testing.T, newSet func(clk *clock.Fake, pools ...policy.Pool) *Set) {
+		clk := clock.NewFake(t0)
+		set := newSet(clk, policy.Pool{Name: "c", Concurrency: 1}, policy.Pool{Name: "r", Rate: 1, Window: 60})
+		held, err := set.Get("c").Acquire(context.Background(), 0, clk.Now())
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer held.Release()
+		r := set.Get("r")
+		l, err := r.Acquire(context.Background(), 0, clk.Now())
+		if err != nil {
+			t.Fatal(err)
+		}
+		l.Release()
+		set.ResetAll()
+		if s := set.Get("c").Snapshot(clk.Now()); s.InFlight != 1 {
+			t.Fatalf("concurrency-only pool after reset: %+v", s)
+		}
+		if s := r.Snapshot(clk.Now()); s.Count != 0 {
+			t.Fatalf("the pool after the concurrency-only one was not reset: %+v", s)
+		}
+	})
+}
+
 func TestConcurrencyNeverExceeded(t *testing.T) {
 	eachBackend(t, func(t *testing.T, newSet func(clk *clock.Fake, pools ...policy.Pool) *Set) {
 		clk := clock.NewFake(t0)
