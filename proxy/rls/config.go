@@ -110,16 +110,22 @@ func compile(p *policy.RLS, m *metrics.Metrics) *config {
 }
 
 // match returns the limit of a descriptor entry: the entry for its value if
-// there is one, else the key's; nil when the key is not limited.
+// there is one, else the key's; nil when the key is not limited, or when
+// the entry that applies has rate 0, which turns the gate off (SPEC §4) -
+// for a value entry, that lifts the key's limit from that value.
 func (d *domain) match(key, value string) *limit {
 	kl := d.keys[key]
 	if kl == nil {
 		return nil
 	}
-	if l := kl.values[value]; l != nil {
-		return l
+	l := kl.values[value]
+	if l == nil {
+		l = kl.def
 	}
-	return kl.def
+	if l != nil && l.rate == 0 {
+		return nil
+	}
+	return l
 }
 
 func unit(w policy.Window) rlspb.RateLimitResponse_RateLimit_Unit {

@@ -41,6 +41,8 @@ rls:
       - { key: tenant, value: acme, rate: 5, window: 60 }
       - { key: route, value: /checkout, rate: 1, window: 1 }
       - { key: ip, rate: 100, window: 3600 }
+      - { key: tenant, value: vip, rate: 0, window: 60 }
+      - { key: plan, rate: 0, window: 1 }
 `
 
 // rig is one RLS on loopback with a gRPC client.
@@ -200,6 +202,9 @@ func TestMatching(t *testing.T) {
 			{"other values of a value-only key are unlimited", []*commonpb.RateLimitDescriptor{desc("route", "/home")}, 10},
 			{"an unknown key is unlimited", []*commonpb.RateLimitDescriptor{desc("user", "bob")}, 10},
 			{"every limited entry of a descriptor counts", []*commonpb.RateLimitDescriptor{desc("tenant", "hooli", "route", "/checkout")}, 0},
+			// rate: 0 turns the gate off (SPEC §4), for a value and for a key.
+			{"rate 0 on a value lifts the key's limit", []*commonpb.RateLimitDescriptor{desc("tenant", "vip")}, 10},
+			{"rate 0 on a key limits nothing", []*commonpb.RateLimitDescriptor{desc("plan", "free")}, 10},
 		}
 		for _, tc := range tests {
 			if got := admitted(tc.ds...); got != tc.want {
@@ -210,9 +215,11 @@ func TestMatching(t *testing.T) {
 		if got := admitted(desc("tenant", "hooli")); got != 3 {
 			t.Errorf("hooli admitted %d of 10 after refused combined descriptors, want 3", got)
 		}
-		resp := r.call(0, desc("user", "bob"))
-		if st := resp.Statuses[0]; st.Code != rlspb.RateLimitResponse_OK || st.CurrentLimit != nil || len(resp.ResponseHeadersToAdd) != 0 {
-			t.Errorf("unlimited descriptor: %v", resp)
+		for _, d := range []*commonpb.RateLimitDescriptor{desc("user", "bob"), desc("tenant", "vip"), desc("plan", "free")} {
+			resp := r.call(0, d)
+			if st := resp.Statuses[0]; st.Code != rlspb.RateLimitResponse_OK || st.CurrentLimit != nil || len(resp.ResponseHeadersToAdd) != 0 {
+				t.Errorf("unlimited descriptor %v: %v", d, resp)
+			}
 		}
 	})
 }
