@@ -80,7 +80,7 @@ func (b *bridge) poolConfig(cfg policy.Bridge) dbpool.Config {
 func (b *bridge) newPool(cfg policy.Bridge) *dbpool.Pool {
 	p := dbpool.New(b.poolConfig(cfg), b.set.clk)
 	p.OnReap = func(reason string) {
-		b.countReap(reason)
+		b.countReap(reason, "connection", "kept upstream connection, no client")
 		b.notify()
 	}
 	return p
@@ -259,7 +259,10 @@ func (b *bridge) unregister(s *session) {
 	b.mu.Unlock()
 }
 
-func (b *bridge) countReap(reason string) {
+// countReap logs one reap and counts it by reason (README: every reap is
+// logged and counted); attrs say what was reaped.
+func (b *bridge) countReap(reason string, attrs ...any) {
+	b.log.Info("connection reaped", append([]any{"reason", reason}, attrs...)...)
 	b.mu.Lock()
 	rc := b.reaped[reason]
 	rc.n++

@@ -5,8 +5,10 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"net/url"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -36,12 +38,43 @@ type harness struct {
 	user    string
 	db      string
 	bridges []policy.Bridge
+	logs    logBuffer
+}
+
+// logBuffer collects the bridges' log lines.
+type logBuffer struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (l *logBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+// count is the number of lines containing every one of parts.
+func (l *logBuffer) count(parts ...string) int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	n := 0
+	for _, line := range strings.Split(l.b.String(), "\n") {
+		all := line != ""
+		for _, p := range parts {
+			all = all && strings.Contains(line, p)
+		}
+		if all {
+			n++
+		}
+	}
+	return n
 }
 
 func newHarness(t *testing.T, clk clock.Clock, runs RunTracker) *harness {
 	t.Helper()
 	h := &harness{t: t, clk: clk, m: metrics.New()}
-	h.set = New(Options{Clock: clk, Metrics: h.m, Runs: runs})
+	log := slog.New(slog.NewTextHandler(&h.logs, nil))
+	h.set = New(Options{Clock: clk, Metrics: h.m, Runs: runs, Log: log})
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
@@ -232,9 +265,14 @@ func (h *harness) until(name string, cond func(Snapshot) bool) <-chan struct{} {
 	return done
 }
 
+// reaped waits until bridge name has counted n reaps for reason, and checks
+// that each was logged (README: every reap is logged and counted).
 func (h *harness) reaped(name, reason string, n uint64) {
 	h.t.Helper()
 	h.waitFor(name, fmt.Sprintf("%d %s reaps", n, reason), func(s Snapshot) bool { return s.Reaped[reason] == n })
+	if got := h.logs.count(`msg="connection reaped"`, "bridge="+name+" ", "reason="+reason); got != int(n) {
+		h.t.Fatalf("bridge %s: %d %s reaps counted, %d logged", name, n, reason, got)
+	}
 }
 
 // rawClient speaks the protocol by hand, to see exactly what the bridge

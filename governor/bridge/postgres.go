@@ -45,7 +45,7 @@ func (b *bridge) servePostgres(c *net.TCPConn, g *generation) {
 	runID := runOf(params)
 	ended, err := b.bindRun(runID)
 	if err != nil {
-		b.countReap(ReasonRunEnded)
+		b.countReap(ReasonRunEnded, "run", runID, "connection", "refused at login")
 		b.refuse(c, fatal("57P01", fmt.Sprintf("bridge %s: run %s has ended", b.name, runID), ""))
 		return
 	}

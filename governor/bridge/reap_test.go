@@ -219,3 +219,21 @@ func advanceUntil(t *testing.T, clk *clock.Fake, step time.Duration, done <-chan
 	}
 	t.Fatalf("not done after 10 steps of %s", step)
 }
+
+// A kept upstream connection (its client gone, held for the next client of
+// the same login) is reaped by idle_timeout too, and that reap is counted
+// and logged like a session's.
+func TestIdleTimeoutReapsKeptConnection(t *testing.T) {
+	clk := clock.NewFake(t0)
+	h := newHarness(t, clk, nil).withPostgres()
+	h.mustApply(h.pgBridge("kept", func(b *policy.Bridge) { b.IdleTimeout = 30 * time.Second }))
+	c := h.connect("kept", "keeper")
+	if _, err := c.Exec(context.Background(), "SELECT 1"); err != nil {
+		t.Fatal(err)
+	}
+	c.Close(context.Background())
+	h.waitFor("kept", "the connection kept", func(s Snapshot) bool { return s.Kept == 1 && s.Live == 1 })
+	clk.Advance(30 * time.Second)
+	h.reaped("kept", ReasonIdle, 1)
+	h.waitFor("kept", "the kept connection closed", func(s Snapshot) bool { return s.Kept == 0 && s.Live == 0 })
+}

@@ -163,8 +163,7 @@ func (s *session) end(c cause) {
 		s.up.Close() // frees the slot; the server rolls back anything open
 		_ = s.cl.SetWriteDeadline(time.Now().Add(farewellTimeout))
 		if r := c.reapReason(); r != "" {
-			s.b.countReap(r)
-			s.b.log.Info("connection reaped", "reason", r, "run", s.runID)
+			s.b.countReap(r, "run", s.runID)
 		}
 		s.b.notify()
 	})

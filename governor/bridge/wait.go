@@ -110,7 +110,7 @@ func (b *bridge) refuseAcquire(c *net.TCPConn, g *generation, err error) {
 			return
 		}
 	case errors.Is(err, errRunEnded):
-		b.countReap(ReasonRunEnded)
+		b.countReap(ReasonRunEnded, "connection", "client waiting for a slot")
 		if pg {
 			b.refuse(c, fatal("57P01", fmt.Sprintf("bridge %s: run has ended while its client waited", b.name), ""))
 			return
