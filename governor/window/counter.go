@@ -50,8 +50,13 @@ func (d Decision) End() time.Time { return time.Unix(0, d.end).In(d.loc) }
 // ResetIn is the time left until End, measured from now.
 func (d Decision) ResetIn(now time.Time) time.Duration { return time.Duration(d.end - now.UnixNano()) }
 
-// Remaining is what is left of the allowance in the decision's window.
+// Remaining is what is left of the allowance in the decision's window:
+// none when the decision was a refusal because the backend is unavailable
+// (nothing can be admitted until it returns, whatever the window held).
 func (d Decision) Remaining() int64 {
+	if d.Unavailable {
+		return 0
+	}
 	if r := d.Limit - d.Count; r > 0 {
 		return r
 	}
