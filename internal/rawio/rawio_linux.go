@@ -13,34 +13,34 @@ type conn struct {
 	*net.TCPConn
 	rc     syscall.RawConn
 	rd, wr op // net.Conn allows a Read and a Write at once
-	ask    op // WriteAwaitingReply's write, made under the read side's wait
+	// The attempts RawConn runs, as method values bound once, so that a
+	// call allocates nothing.
+	read, write, writeThenWait func(fd uintptr) bool
 }
 
-// op is one direction's call in progress. RawConn runs the given function
-// until it returns true, waiting on the poller for readiness between
-// attempts; the function's arguments and results live here, and it is a
-// method value bound once, so a call allocates nothing.
+// op is one direction's call in progress. RawConn runs an attempt until it
+// returns true, waiting on the poller for readiness between attempts; the
+// attempt's arguments and results live here.
 type op struct {
 	mu    sync.Mutex // net.Conn allows concurrent calls
 	p     []byte
 	n     int
 	errno syscall.Errno
-	fn    func(fd uintptr) bool
 }
 
 func wrap(tc *net.TCPConn, rc syscall.RawConn) net.Conn {
 	c := &conn{TCPConn: tc, rc: rc}
-	c.rd.fn = c.rd.read
-	c.wr.fn = c.wr.write
-	c.ask.fn = c.ask.writeThenWait
+	c.read = c.rd.read
+	c.write = c.wr.write
+	c.writeThenWait = c.wr.writeThenWait
 	return c
 }
 
-// do runs o.fn on p through RawConn's Read or Write.
-func (o *op) do(p []byte, via func(func(fd uintptr) bool) error) (int, syscall.Errno, error) {
+// do runs attempt on p through RawConn's Read or Write.
+func (o *op) do(p []byte, via func(func(fd uintptr) bool) error, attempt func(fd uintptr) bool) (int, syscall.Errno, error) {
 	o.mu.Lock()
 	o.p, o.n, o.errno = p, 0, 0
-	err := via(o.fn)
+	err := via(attempt)
 	n, errno := o.n, o.errno
 	o.p = nil
 	o.mu.Unlock()
@@ -54,7 +54,7 @@ func (c *conn) Read(p []byte) (int, error) {
 	if len(p) == 0 {
 		return 0, nil
 	}
-	n, errno, err := c.rd.do(p, c.rc.Read)
+	n, errno, err := c.rd.do(p, c.rc.Read, c.read)
 	raceWrite(p[:n])
 	switch {
 	case err != nil:
@@ -100,7 +100,7 @@ func (c *conn) Write(p []byte) (int, error) {
 		return 0, nil
 	}
 	raceRead(p)
-	n, errno, err := c.wr.do(p, c.rc.Write)
+	n, errno, err := c.wr.do(p, c.rc.Write, c.write)
 	switch {
 	case err != nil:
 		return n, opError("write", c.TCPConn, err)
@@ -112,13 +112,13 @@ func (c *conn) Write(p []byte) (int, error) {
 
 // write writes what the socket takes, and is called again, after the
 // poller saw room, for the rest: a Write returns when all of p is written
-// or on an error, as the net package's does.
+// or on an error, as the net package's does. False: no room yet.
 func (o *op) write(fd uintptr) bool {
 	for o.n < len(o.p) {
 		n, e := call(syscall.SYS_WRITE, fd, o.p[o.n:])
 		switch {
 		case e == syscall.EAGAIN, e == 0 && n == 0:
-			return false // no room: wait for it
+			return false
 		case e != 0:
 			o.errno = e
 			return true
@@ -142,9 +142,9 @@ func writeAwaitingReply(c net.Conn, p []byte) (int, error) {
 // read here; the caller's next Read finds it at its first attempt.
 func (c *conn) writeAwaitingReply(p []byte) (int, error) {
 	raceRead(p)
-	c.wr.mu.Lock() // the write is on the write side, whatever lock RawConn holds
-	n, errno, _ := c.ask.do(p, c.rc.Read)
-	c.wr.mu.Unlock()
+	// The write side's op, whatever lock RawConn.Read takes: writes stay
+	// serialised with Write.
+	n, errno, _ := c.wr.do(p, c.rc.Read, c.writeThenWait)
 	switch {
 	case errno != 0:
 		return n, opError("write", c.TCPConn, errno)
@@ -163,21 +163,14 @@ func (c *conn) writeAwaitingReply(p []byte) (int, error) {
 
 // writeThenWait writes all of o.p and returns false, so RawConn.Read waits
 // for the socket to become readable, then returns true without reading.
-// It stops early when the socket has no room, leaving the rest to Write.
+// It stops early when the socket has no room or a call fails, leaving the
+// rest to Write.
 func (o *op) writeThenWait(fd uintptr) bool {
 	if o.n == len(o.p) {
 		return true // called again: readable
 	}
-	for o.n < len(o.p) {
-		n, e := call(syscall.SYS_WRITE, fd, o.p[o.n:])
-		switch {
-		case e == syscall.EAGAIN, e == 0 && n == 0:
-			return true
-		case e != 0:
-			o.errno = e
-			return true
-		}
-		o.n += n
+	if o.write(fd) && o.errno == 0 {
+		return false // all written: wait for the reply
 	}
-	return false
+	return true // no room, or a failed call: Write finishes or reports it
 }
