@@ -59,7 +59,7 @@ func (p *Pool) dial(deadline time.Time) (*Conn, error) {
 		nc = tc
 		set = deadline
 	}
-	out := &sender{nc: nc, plain: nc == raw}
+	out := &sender{nc: nc}
 	return &Conn{
 		nc: nc, raw: raw, deadline: set, out: out,
 		br:   bufio.NewReaderSize(nc, readBufferSize),
@@ -69,20 +69,19 @@ func (p *Pool) dial(deadline time.Time) (*Conn, error) {
 }
 
 // sender is what a connection's bufio.Writer flushes into. When a request
-// goes out in one write (await), on a plain TCP connection, that write
-// also waits for the reply to begin (rawio.WriteAwaitingReply), which
-// spares the response read a first attempt that would find nothing. Over
-// TLS the record layer writes, so there it is a plain write.
+// goes out in one write (await), that write also waits for the reply to
+// begin (rawio.WriteAwaitingReply), which spares the response read a first
+// attempt that would find nothing. Over TLS nc is not a raw connection, and
+// WriteAwaitingReply is a plain write.
 type sender struct {
 	nc     net.Conn
-	plain  bool
 	await  bool
 	writes int // writes made, so that a request can tell it took only one
 }
 
 func (s *sender) Write(p []byte) (int, error) {
 	s.writes++
-	if s.await && s.plain {
+	if s.await {
 		return rawio.WriteAwaitingReply(s.nc, p)
 	}
 	return s.nc.Write(p)
