@@ -473,10 +473,13 @@ func (p *Pool) WatchWindow() {
 // Reset restores the pool's full rate allowance without moving its boundary.
 // Concurrency counts are untouched.
 func (p *Pool) Reset() {
-	// A pool without a rate gate has no window to reset (and a window
-	// counter has no bounds for size 0).
-	if p.scope.Window != 0 {
-		p.counter.Reset(p.scope, p.key)
+	p.mu.Lock()
+	rate, scope := p.cfg.Rate, p.scope
+	p.mu.Unlock()
+	// Only a pool with a rate gate has a window to reset, as Snapshot
+	// only reads one then (a counter has no bounds for a window of 0).
+	if rate > 0 {
+		p.counter.Reset(scope, p.key)
 	}
 	if p.gCount != nil {
 		p.gCount.Set(0)
