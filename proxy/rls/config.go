@@ -30,6 +30,8 @@ type domain struct {
 type keyLimits struct {
 	def    *limit            // key-only entry; nil when the key has only value entries
 	values map[string]*limit // value entries, overriding def for their value
+	// A nil limit (def, or a value's) is an entry with rate 0: the gate is
+	// off (SPEC §4), and a value's nil still overrides def.
 }
 
 // limit is one entry of a domain. Every value of a descriptor key gets its
@@ -94,11 +96,16 @@ func compile(p *policy.RLS, m *metrics.Metrics) *config {
 				kl = &keyLimits{values: map[string]*limit{}}
 				d.keys[e.Key] = kl
 			}
-			l := &limit{rate: int64(e.Rate), scope: scope(name, e.Key, e.Window), quota: "rls:" + name + ":" + e.Key + "="}
-			l.current = &rlspb.RateLimitResponse_RateLimit{Name: e.Key, RequestsPerUnit: uint32(e.Rate), Unit: unit(e.Window)}
-			l.limitHeader = &corev3.HeaderValue{Key: HeaderLimit, Value: strconv.Itoa(e.Rate)}
+			var l *limit
+			if e.Rate > 0 {
+				l = &limit{rate: int64(e.Rate), scope: scope(name, e.Key, e.Window), quota: "rls:" + name + ":" + e.Key + "="}
+				l.current = &rlspb.RateLimitResponse_RateLimit{Name: e.Key, RequestsPerUnit: uint32(e.Rate), Unit: unit(e.Window)}
+				l.limitHeader = &corev3.HeaderValue{Key: HeaderLimit, Value: strconv.Itoa(e.Rate)}
+			}
 			if e.Value != "" {
-				l.current.Name = e.Key + "=" + e.Value
+				if l != nil {
+					l.current.Name = e.Key + "=" + e.Value
+				}
 				kl.values[e.Value] = l
 			} else {
 				kl.def = l
@@ -110,22 +117,17 @@ func compile(p *policy.RLS, m *metrics.Metrics) *config {
 }
 
 // match returns the limit of a descriptor entry: the entry for its value if
-// there is one, else the key's; nil when the key is not limited, or when
-// the entry that applies has rate 0, which turns the gate off (SPEC §4) -
-// for a value entry, that lifts the key's limit from that value.
+// there is one, else the key's; nil when the key is not limited or the
+// entry that applies has rate 0.
 func (d *domain) match(key, value string) *limit {
 	kl := d.keys[key]
 	if kl == nil {
 		return nil
 	}
-	l := kl.values[value]
-	if l == nil {
-		l = kl.def
+	if l, ok := kl.values[value]; ok {
+		return l
 	}
-	if l != nil && l.rate == 0 {
-		return nil
-	}
-	return l
+	return kl.def
 }
 
 func unit(w policy.Window) rlspb.RateLimitResponse_RateLimit_Unit {
