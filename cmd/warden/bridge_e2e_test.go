@@ -90,12 +90,5 @@ bridges:
 	conn.Close(context.Background())
 
 	_ = p.cmd.Process.Signal(syscall.SIGTERM)
-	select {
-	case err := <-p.done:
-		if err != nil {
-			t.Fatalf("warden exited with %v after SIGTERM", err)
-		}
-	case <-time.After(15 * time.Second):
-		t.Fatal("warden did not stop within 15s of SIGTERM")
-	}
+	p.exitsZero(t, 15*time.Second)
 }

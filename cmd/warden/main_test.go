@@ -168,6 +168,38 @@ func start(t *testing.T, bin string, env []string, args ...string) *process {
 	return p
 }
 
+// exitsZero waits up to within for the process to exit, and fails the test
+// unless it exited with status 0.
+func (p *process) exitsZero(t *testing.T, within time.Duration) {
+	t.Helper()
+	select {
+	case err := <-p.done:
+		var ee *exec.ExitError
+		if errors.As(err, &ee) {
+			t.Fatalf("exit %d, want 0", ee.ExitCode())
+		} else if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(within):
+		t.Fatalf("warden did not exit within %v", within)
+	}
+}
+
+// serveHTTP serves h on a loopback port until the test ends and returns
+// the address. Close does not wait for handlers, so one still blocked at
+// the end of a test does not hold it.
+func serveHTTP(t *testing.T, h http.HandlerFunc) string {
+	t.Helper()
+	srv := &http.Server{Handler: h}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go srv.Serve(ln)
+	t.Cleanup(func() { srv.Close() })
+	return ln.Addr().String()
+}
+
 // waitLog waits for a log line containing s.
 func (p *process) waitLog(t *testing.T, s string) string {
 	t.Helper()
@@ -305,15 +337,5 @@ func TestRunLifecycle(t *testing.T) {
 	}
 
 	p.cmd.Process.Signal(syscall.SIGTERM)
-	select {
-	case err := <-p.done:
-		var ee *exec.ExitError
-		if errors.As(err, &ee) {
-			t.Fatalf("SIGTERM: exit %d, want 0", ee.ExitCode())
-		} else if err != nil {
-			t.Fatal(err)
-		}
-	case <-time.After(10 * time.Second):
-		t.Fatal("warden did not exit within 10s of SIGTERM")
-	}
+	p.exitsZero(t, 10*time.Second)
 }

@@ -57,20 +57,13 @@ func TestProxyEndToEnd(t *testing.T) {
 	}
 	release := make(chan struct{})
 	entered := make(chan struct{}, 1)
-	upstream := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	target := "http://" + serveHTTP(t, func(w http.ResponseWriter, r *http.Request) {
 		if r.URL.Path == "/slow" {
 			entered <- struct{}{}
 			<-release
 		}
 		fmt.Fprintf(w, "hello from %s", r.URL.Path)
-	})}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	go upstream.Serve(ln)
-	defer upstream.Close()
-	target := "http://" + ln.Addr().String() + "/"
+	}) + "/"
 
 	bin := buildWarden(t)
 	policy, addrs := examplePolicy(t)
@@ -147,14 +140,7 @@ func TestProxyEndToEnd(t *testing.T) {
 	if got := <-slow; got != "hello from /slow" {
 		t.Fatalf("in-flight request at SIGTERM: %q", got)
 	}
-	select {
-	case err := <-p.done:
-		if err != nil {
-			t.Fatalf("exit after SIGTERM: %v", err)
-		}
-	case <-time.After(30 * time.Second):
-		t.Fatal("warden did not exit after SIGTERM")
-	}
+	p.exitsZero(t, 30*time.Second)
 }
 
 func grep(s, what string) string {
@@ -176,16 +162,10 @@ func TestShutdownGraceCuts(t *testing.T) {
 	}
 	release := make(chan struct{})
 	entered := make(chan struct{}, 1)
-	upstream := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	upAddr := serveHTTP(t, func(w http.ResponseWriter, r *http.Request) {
 		entered <- struct{}{}
 		<-release
-	})}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	go upstream.Serve(ln)
-	defer upstream.Close()
+	})
 	defer close(release)
 
 	admin, ingress, egress := freePort(t), freePort(t), freePort(t)
@@ -195,7 +175,7 @@ shutdown_grace: 1s
 admin: { listen: %s }
 ingress: { listen: %s, worker: "http://%s" }
 egress: { http_listen: %s }
-`, admin, ingress, ln.Addr(), egress)), 0o644); err != nil {
+`, admin, ingress, upAddr, egress)), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	p := start(t, buildWarden(t), nil, "run", "--policy", policy, "--data-dir", t.TempDir())
@@ -207,7 +187,7 @@ egress: { http_listen: %s }
 		t.Fatal(err)
 	}
 	defer tc.Close()
-	fmt.Fprintf(tc, "CONNECT %s HTTP/1.1\r\nHost: %s\r\n\r\n", ln.Addr(), ln.Addr())
+	fmt.Fprintf(tc, "CONNECT %s HTTP/1.1\r\nHost: %s\r\n\r\n", upAddr, upAddr)
 	tc.SetReadDeadline(time.Now().Add(10 * time.Second))
 	tr := bufio.NewReader(tc)
 	resp, err := http.ReadResponse(tr, nil)
@@ -231,14 +211,7 @@ egress: { http_listen: %s }
 		t.Fatal(err)
 	}
 	p.waitLog(t, "shutdown_grace ended")
-	select {
-	case err := <-p.done:
-		if err != nil {
-			t.Fatalf("exit after SIGTERM with work cut at the end of the grace: %v", err)
-		}
-	case <-time.After(15 * time.Second):
-		t.Fatal("warden did not exit after SIGTERM")
-	}
+	p.exitsZero(t, 15*time.Second)
 	if err := <-held; err == nil {
 		t.Fatal("the held request was answered")
 	}

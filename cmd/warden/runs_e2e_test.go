@@ -3,7 +3,6 @@ package main
 import (
 	"encoding/json"
 	"io"
-	"net"
 	"net/http"
 	"os"
 	"strings"
@@ -21,22 +20,16 @@ func TestRunsEndToEnd(t *testing.T) {
 	}
 	type got struct{ path, id, attempt, tenant, body string }
 	arrived := make(chan got, 1)
-	worker := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	worker := serveHTTP(t, func(w http.ResponseWriter, r *http.Request) {
 		b, _ := io.ReadAll(r.Body)
 		arrived <- got{r.URL.Path, r.Header.Get("x-run-id"), r.Header.Get("x-run-attempt"), r.Header.Get("x-tenant-id"), string(b)}
 		io.WriteString(w, `{"synced":true}`)
-	})}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	go worker.Serve(ln)
-	defer worker.Close()
+	})
 
 	bin := buildWarden(t)
 	path, addrs := examplePolicy(t)
 	b, _ := os.ReadFile(path)
-	s := strings.Replace(string(b), "worker: http://127.0.0.1:9000", "worker: http://"+ln.Addr().String(), 1)
+	s := strings.Replace(string(b), "worker: http://127.0.0.1:9000", "worker: http://"+worker, 1)
 	if err := os.WriteFile(path, []byte(s), 0o644); err != nil {
 		t.Fatal(err)
 	}

@@ -216,6 +216,17 @@ func TestErrors(t *testing.T) {
 				}
 			}
 		}, syscall.ECONNRESET, "write tcp ", false},
+		// WriteAwaitingReply fails as Write does.
+		{"awaiting reply on a closed connection", func(t *testing.T, a, b net.Conn) error {
+			b.Close()
+			_, err := WriteAwaitingReply(b, []byte("x"))
+			return err
+		}, net.ErrClosed, "write tcp ", false},
+		{"awaiting reply past the deadline", func(t *testing.T, a, b net.Conn) error {
+			b.SetDeadline(time.Now().Add(-time.Second))
+			_, err := WriteAwaitingReply(b, []byte("x"))
+			return err
+		}, os.ErrDeadlineExceeded, "write tcp ", true},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -372,19 +383,5 @@ func TestWriteAwaitingReply(t *testing.T) {
 				t.Fatalf("Read after the call: %q, %v; want %q", buf[:n], err, tt.reply)
 			}
 		})
-	}
-}
-
-func TestWriteAwaitingReplyErrors(t *testing.T) {
-	a, b := pair(t)
-	a.Close()
-	b.Close()
-	if _, err := WriteAwaitingReply(b, []byte("x")); !errors.Is(err, net.ErrClosed) || !strings.HasPrefix(err.Error(), "write tcp ") {
-		t.Fatalf("on a closed connection: %v", err)
-	}
-	_, c := pair(t)
-	c.SetDeadline(time.Now().Add(-time.Second))
-	if _, err := WriteAwaitingReply(c, []byte("x")); !errors.Is(err, os.ErrDeadlineExceeded) || !strings.HasPrefix(err.Error(), "write tcp ") {
-		t.Fatalf("past the deadline: %v", err)
 	}
 }
