@@ -26,9 +26,9 @@ func TestAbsoluteFormAndHopByHop(t *testing.T) {
 			ctx.Request.Header.Peek("Connection"), ctx.Request.Header.Peek("Proxy-Authorization"), ctx.Request.Header.Peek("X-Hop"))
 	})
 	f := start(t, egressPolicy("  allow_unlisted: true", ""), nil)
-	resp, body := fasttest.Raw(t, f.addr, "GET http://"+up.Addr+"/a/b?c=1 HTTP/1.1\r\nHost: "+up.Addr+
+	resp, body := fasttest.Raw(t, f.addr, "GET http://"+up.Addr+"/v1/charges/ch_1234567890?c=1 HTTP/1.1\r\nHost: "+up.Addr+
 		"\r\nProxy-Authorization: Basic x\r\nConnection: X-Hop\r\nX-Hop: 1\r\n\r\n")
-	want := fmt.Sprintf(`GET /a/b?c=1 host=%s conn="" proxy="" hop=""`, up.Addr)
+	want := fmt.Sprintf(`GET /v1/charges/ch_1234567890?c=1 host=%s conn="" proxy="" hop=""`, up.Addr)
 	if resp.StatusCode != 200 || string(body) != want {
 		t.Fatalf("%d %q\nwant %q", resp.StatusCode, body, want)
 	}

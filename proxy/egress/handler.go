@@ -86,8 +86,10 @@ func (e *Egress) serve(ctx *fasthttp.RequestCtx) {
 	// The request as the upstream must see it.
 	httpwire.StripRequest(h, scan.Fields)
 	if origin != nil || len(uri) > 0 && uri[0] != '/' && uri[0] != '*' {
-		setOrigin(h, origin)
+		// authority and origin point into the request line that setOrigin
+		// rewrites, so the Host is copied out first.
 		h.SetHostBytes(authority)
+		setOrigin(h, origin)
 	}
 	if r.hostHeader != nil {
 		h.SetHostBytes(r.hostHeader)
