@@ -10,6 +10,9 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/warden-dev/warden/governor/breaker"
 	"github.com/warden-dev/warden/governor/clock"
 	"github.com/warden-dev/warden/governor/metrics"
 	"github.com/warden-dev/warden/governor/pool"
@@ -75,12 +78,30 @@ func (g *Governor) Apply(p *policy.Policy) *Controls {
 	if p.Egress != nil {
 		c.EgressCaps = tenant.New("egress", p.Egress.Tenant, p.Egress.Tenants, g.counter)
 	}
-	for _, t := range p.Targets {
-		var prev *Target
+	leaders := policy.BreakerLeaders(p.Targets)
+	claimed := map[*breaker.Breaker]bool{}
+	members := map[*gaugeSet][]prometheus.Gauge{}
+	for i, t := range p.Targets {
+		var prev, leader *Target
 		if old != nil {
 			prev = old.Targets[t.Name]
 		}
-		c.Targets[t.Name] = g.buildTarget(t, prev, c.Pools)
+		if l := leaders[i]; l != i {
+			leader = c.Targets[p.Targets[l].Name]
+		}
+		nt := g.buildTarget(t, prev, leader, c.Pools, claimed)
+		c.Targets[t.Name] = nt
+		if g.m != nil {
+			members[nt.gauges] = append(members[nt.gauges], g.m.BreakerState.WithLabelValues(t.Name))
+		}
+	}
+	for set, gauges := range members {
+		set.p.Store(&gauges)
+	}
+	for _, t := range c.Targets {
+		if g.m != nil {
+			g.m.BreakerState.WithLabelValues(t.Config.Name).Set(float64(t.Breaker.State()))
+		}
 	}
 	if old != nil && g.m != nil {
 		for name := range old.Targets {

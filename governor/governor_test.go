@@ -5,8 +5,11 @@ import (
 	"testing"
 	"time"
 
+	dto "github.com/prometheus/client_model/go"
+
 	"github.com/warden-dev/warden/governor/breaker"
 	"github.com/warden-dev/warden/governor/clock"
+	"github.com/warden-dev/warden/governor/metrics"
 	"github.com/warden-dev/warden/governor/window"
 	"github.com/warden-dev/warden/policy"
 )
@@ -64,5 +67,70 @@ func TestApplyCarriesStateOfUnchangedControls(t *testing.T) {
 	}
 	if g.Current() != c2 {
 		t.Fatal("Current is not the last applied controls")
+	}
+}
+
+const sharedPol = `version: 1
+egress: { http_listen: 127.0.0.1:0 }
+targets:
+  - { name: a, hosts: [a.example], upstream: "http://api.example:8080", circuit_breaker: { enabled: true, minimum_requests: 2 } }
+  - { name: b, hosts: [b.example], upstream: "%s", circuit_breaker: { enabled: true, minimum_requests: 2 } }
+`
+
+// TestTargetsSharingAHostShareABreaker: SPEC §4's "HTTP targets sharing a
+// host share a breaker", across reloads, in GET /v1/breakers and in the
+// state gauge of each target.
+func TestTargetsSharingAHostShareABreaker(t *testing.T) {
+	clk := clock.NewFake(time.Date(2026, 1, 5, 12, 0, 0, 0, time.UTC))
+	m := metrics.New()
+	g := New(clk, m, window.NewMemory(clk))
+	c1 := g.Apply(mustParse(t, fmt.Sprintf(sharedPol, "http://api.example:8080")))
+	if c1.Targets["a"].Breaker != c1.Targets["b"].Breaker {
+		t.Fatal("a and b send to api.example:8080 but have breakers of their own")
+	}
+	for range 2 {
+		tk, _, _ := c1.Targets["b"].Breaker.Allow()
+		tk.Done(breaker.Failure)
+	}
+	if _, _, ok := c1.Targets["a"].Breaker.Allow(); ok {
+		t.Fatal("b's failures did not open the breaker a fails fast on")
+	}
+	gauge := func(target string) float64 {
+		var d dto.Metric
+		if err := m.BreakerState.WithLabelValues(target).Write(&d); err != nil {
+			t.Fatal(err)
+		}
+		return d.GetGauge().GetValue()
+	}
+	if gauge("a") != 2 || gauge("b") != 2 {
+		t.Fatalf("warden_breaker_state a=%v b=%v, want 2 (open) for both", gauge("a"), gauge("b"))
+	}
+	snaps := c1.BreakerSnapshots()
+	if len(snaps) != 2 || snaps[0].Target != "a" || snaps[1].Target != "b" || snaps[1].State != "open" {
+		t.Fatalf("breaker snapshots %+v", snaps)
+	}
+
+	// Unchanged, the shared breaker stays open for both.
+	c2 := g.Apply(mustParse(t, fmt.Sprintf(sharedPol, "http://api.example:8080")))
+	if c2.Targets["b"].Breaker != c1.Targets["a"].Breaker || c2.Targets["a"].Breaker != c1.Targets["a"].Breaker {
+		t.Fatal("a reload with nothing changed replaced the shared breaker")
+	}
+	// b moves to another host: it gets a breaker of its own, closed, and a
+	// keeps the open one; neither keeps sharing by way of its old state.
+	c3 := g.Apply(mustParse(t, fmt.Sprintf(sharedPol, "http://other.example:8080")))
+	if c3.Targets["a"].Breaker != c1.Targets["a"].Breaker || c3.Targets["b"].Breaker == c3.Targets["a"].Breaker {
+		t.Fatal("after b moved host, a should keep the shared breaker and b have its own")
+	}
+	if c3.Targets["b"].Breaker.State() != breaker.Closed || gauge("b") != 0 || gauge("a") != 2 {
+		t.Fatalf("b %v (gauge %v), a gauge %v: want b closed and a open", c3.Targets["b"].Breaker.State(), gauge("b"), gauge("a"))
+	}
+	// The kept breaker's state changes no longer move b's gauge.
+	c3.Targets["a"].Breaker.Reset()
+	tk, _, _ := c3.Targets["b"].Breaker.Allow()
+	tk.Done(breaker.Failure)
+	tk, _, _ = c3.Targets["b"].Breaker.Allow()
+	tk.Done(breaker.Failure)
+	if gauge("a") != 0 || gauge("b") != 2 {
+		t.Fatalf("gauges a=%v b=%v, want 0 and 2", gauge("a"), gauge("b"))
 	}
 }

@@ -2,6 +2,9 @@ package governor
 
 import (
 	"reflect"
+	"sync/atomic"
+
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/warden-dev/warden/governor/breaker"
 	"github.com/warden-dev/warden/governor/pool"
@@ -12,33 +15,53 @@ import (
 // Target is the controls of one egress target.
 type Target struct {
 	Config  policy.Target
-	Breaker *breaker.Breaker // disabled breakers allow everything
+	Breaker *breaker.Breaker // disabled breakers allow everything; shared by targets sending to one host
 	Retry   *retry.Policy    // nil: the target never retries
 	Pools   []*pool.Pool
+
+	// gauges are the warden_breaker_state gauges of every target sharing
+	// Breaker, which its state changes set. They are swapped on reload,
+	// when a kept breaker may gain or lose targets.
+	gauges *gaugeSet
+}
+
+type gaugeSet struct {
+	p atomic.Pointer[[]prometheus.Gauge]
+}
+
+func (s *gaugeSet) set(v float64) {
+	if gs := s.p.Load(); gs != nil {
+		for _, g := range *gs {
+			g.Set(v)
+		}
+	}
 }
 
 // buildTarget makes t's controls, keeping prev's breaker and retry budget
 // when their settings did not change, so a reload does not close an open
-// breaker or forget the retries of the last five minutes.
-func (g *Governor) buildTarget(t policy.Target, prev *Target, pools *pool.Set) *Target {
+// breaker or forget the retries of the last five minutes. A target that
+// shares a host with an earlier one (policy.BreakerLeaders) gets leader's
+// breaker; claimed holds the breakers already kept, so that targets which
+// stop sharing do not keep sharing one by way of their old state.
+func (g *Governor) buildTarget(t policy.Target, prev, leader *Target, pools *pool.Set, claimed map[*breaker.Breaker]bool) *Target {
 	nt := &Target{Config: t}
-	if prev != nil && reflect.DeepEqual(prev.Config.CircuitBreaker, t.CircuitBreaker) {
-		nt.Breaker = prev.Breaker
-	} else {
+	switch {
+	case leader != nil:
+		nt.Breaker, nt.gauges = leader.Breaker, leader.gauges
+	case prev != nil && !claimed[prev.Breaker] && reflect.DeepEqual(prev.Config.CircuitBreaker, t.CircuitBreaker):
+		nt.Breaker, nt.gauges = prev.Breaker, prev.gauges
+	default:
 		cfg := policy.CircuitBreaker{}
 		if t.CircuitBreaker != nil {
 			cfg = *t.CircuitBreaker
 		}
-		var opts []breaker.Options
-		if g.m != nil {
-			gauge := g.m.BreakerState.WithLabelValues(t.Name)
-			gauge.Set(0)
-			opts = append(opts, breaker.Options{OnStateChange: func(_ string, _, to breaker.State) {
-				gauge.Set(float64(to))
-			}})
-		}
-		nt.Breaker = breaker.New(t.Name, cfg, g.clk, opts...)
+		gauges := &gaugeSet{}
+		nt.Breaker = breaker.New(t.Name, cfg, g.clk, breaker.Options{OnStateChange: func(_ string, _, to breaker.State) {
+			gauges.set(float64(to))
+		}})
+		nt.gauges = gauges
 	}
+	claimed[nt.Breaker] = true
 	if t.Retry != nil && t.Retry.Count > 0 {
 		if prev != nil && prev.Retry != nil && reflect.DeepEqual(prev.Config.Retry, t.Retry) {
 			nt.Retry = prev.Retry
@@ -58,7 +81,11 @@ func (g *Governor) buildTarget(t policy.Target, prev *Target, pools *pool.Set) *
 func (c *Controls) BreakerSnapshots() []breaker.Snapshot {
 	out := make([]breaker.Snapshot, 0, len(c.Policy.Targets))
 	for _, t := range c.Policy.Targets {
-		out = append(out, c.Targets[t.Name].Breaker.Snapshot())
+		s := c.Targets[t.Name].Breaker.Snapshot()
+		// A shared breaker carries its first target's name; each row
+		// names its own target.
+		s.Target = t.Name
+		out = append(out, s)
 	}
 	return out
 }

@@ -74,7 +74,7 @@ func Parse(file string, data []byte) (*Policy, error) {
 	if errs := d.errors(); len(errs) > 0 {
 		return nil, errs
 	}
-	p.Warnings = capKeyWarnings(p)
+	p.Warnings = append(capKeyWarnings(p), breakerWarnings(p)...)
 	p.buildIndexes()
 	sum := sha256.Sum256(data)
 	p.Source = file

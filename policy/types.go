@@ -50,7 +50,7 @@ type Policy struct {
 	Source    string     `yaml:"-"` // file name the policy came from
 	Hash      string     `yaml:"-"` // hex sha256 of the file's bytes
 	LoadedAt  time.Time  `yaml:"-"`
-	Warnings  []Issue    `yaml:"-"` // non-fatal findings (cap_key mismatches)
+	Warnings  []Issue    `yaml:"-"` // non-fatal findings (cap_key and shared-breaker mismatches)
 	poolIndex map[string]int
 	targetIdx map[string]int
 }

@@ -1,6 +1,8 @@
 package egress
 
 import (
+	"io"
+	"net"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -220,5 +222,57 @@ func TestReloadKeepsBreakerState(t *testing.T) {
 	up.status.Store(200)
 	if r := f.do(t, "GET", "http://flaky.test/", nil); r.status != 200 {
 		t.Fatalf("changed breaker settings kept the old state: %+v", r)
+	}
+}
+
+// TestTargetsSharingAHostShareABreaker: failures through one target open
+// the breaker of every target sending to the same host (SPEC §4), and the
+// fast failure names the target that was asked for.
+func TestTargetsSharingAHostShareABreaker(t *testing.T) {
+	up := startStatusUpstream(t)
+	f := start(t, egressPolicy("  allow_unlisted: false", "targets:\n"+
+		target("flaky", []string{"flaky.test"}, "http://"+up.Addr, flakyBreaker)+
+		target("alias", []string{"alias.test"}, "http://"+up.Addr, flakyBreaker)), nil)
+	trip(t, f, up, 4)
+	before := up.Requests.Load()
+	r := f.do(t, "GET", "http://alias.test/", nil)
+	if r.status != 503 || r.header.Get("X-Warden-Control") != "circuit_breaker" ||
+		r.body != `{"control":"circuit_breaker","target":"alias","retryAfterSeconds":5}` {
+		t.Fatalf("alias shares flaky's host and should fail fast: %+v", r)
+	}
+	if up.Requests.Load() != before {
+		t.Fatal("the shared open breaker let alias's request reach the upstream")
+	}
+}
+
+// TestClientGoneIsNeutral: a failure the client did not wait for (it
+// closed its connection while the upstream was being asked) is neither a
+// failure nor a success for the breaker.
+func TestClientGoneIsNeutral(t *testing.T) {
+	f, up, _ := breakerFixture(t, flakyBreaker)
+	up.status.Store(503)
+	served := f.gov.Metrics.Requests.WithLabelValues("egress", "flaky", "503")
+	for i := range 4 {
+		gate := make(chan struct{})
+		up.gate.Store(&gate)
+		before := up.Requests.Load()
+		c, err := net.Dial("tcp", f.addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := io.WriteString(c, "GET http://flaky.test/ HTTP/1.1\r\nHost: flaky.test\r\n\r\n"); err != nil {
+			t.Fatal(err)
+		}
+		fasttest.WaitFor(t, "the request at the upstream", func() bool { return up.Requests.Load() == before+1 })
+		c.Close()
+		close(gate)
+		fasttest.WaitFor(t, "the exchange to end", func() bool { return fasttest.Value(served) == float64(i+1) })
+	}
+	up.gate.Store(nil)
+	// Had the four counted, minimum_requests 4 at ratio 0.5 would have
+	// opened the breaker; this failure must still reach the upstream.
+	before := up.Requests.Load()
+	if r := f.do(t, "GET", "http://flaky.test/", nil); r.status != 503 || r.header.Get("X-Warden-Control") != "" || up.Requests.Load() != before+1 {
+		t.Fatalf("the breaker counted failures no client waited for: %+v", r)
 	}
 }

@@ -1,0 +1,128 @@
+package policy
+
+import (
+	"fmt"
+	"net"
+	"net/url"
+	"strings"
+)
+
+// BreakerLeaders says which target's breaker each target uses: SPEC §4 has
+// HTTP targets that send to the same host share one breaker, since a host
+// that is failing fails for every target that reaches it. leaders[i] is the
+// index of the first target, in file order, whose breaker target i shares;
+// i itself when it shares with none. Only HTTP targets with their breaker
+// enabled share: a disabled breaker has nothing to share, and gRPC targets
+// are told apart by service, not host.
+//
+// A target sends to its upstream's host:port when it has an upstream, else
+// to the hosts it lists; a listed host without a port stands for every port
+// of that host. Sharing is transitive.
+func BreakerLeaders(targets []Target) []int {
+	leaders := make([]int, len(targets))
+	dests := make([][]dest, len(targets))
+	for i, t := range targets {
+		leaders[i] = i
+		if len(t.Hosts) > 0 && t.CircuitBreaker != nil && t.CircuitBreaker.Enabled {
+			dests[i] = destinations(t)
+		}
+	}
+	var find func(int) int
+	find = func(i int) int {
+		for leaders[i] != i {
+			i = leaders[i]
+		}
+		return i
+	}
+	for i := range targets {
+		for j := range i {
+			if !overlap(dests[i], dests[j]) {
+				continue
+			}
+			a, b := find(i), find(j)
+			// The earlier target leads, so the leader is the same whatever
+			// order the pairs are found in.
+			leaders[max(a, b)] = min(a, b)
+		}
+	}
+	for i := range leaders {
+		leaders[i] = find(i)
+	}
+	return leaders
+}
+
+// dest is a host a target sends to; port "" is any port.
+type dest struct{ host, port string }
+
+func destinations(t Target) []dest {
+	if t.Upstream != "" {
+		u, err := url.Parse(t.Upstream)
+		if err != nil || u.Host == "" {
+			return nil
+		}
+		port := u.Port()
+		if port == "" {
+			port = "80"
+			if u.Scheme == "https" {
+				port = "443"
+			}
+		}
+		return []dest{{strings.ToLower(u.Hostname()), port}}
+	}
+	out := make([]dest, 0, len(t.Hosts))
+	for _, h := range t.Hosts {
+		h = strings.ToLower(h)
+		if host, port, err := net.SplitHostPort(h); err == nil {
+			out = append(out, dest{host, port})
+		} else {
+			out = append(out, dest{strings.Trim(h, "[]"), ""})
+		}
+	}
+	return out
+}
+
+func overlap(a, b []dest) bool {
+	for _, x := range a {
+		for _, y := range b {
+			if x.host == y.host && (x.port == "" || y.port == "" || x.port == y.port) {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// breakerWarnings reports targets that share a breaker with an earlier one
+// but ask for other breaker settings. As with cap_key pools this is a
+// warning, never an error: the first target's settings are the ones in
+// force, and only the operator knows which were meant.
+func breakerWarnings(p *Policy) []Issue {
+	var out []Issue
+	for i, l := range BreakerLeaders(p.Targets) {
+		if l == i {
+			continue
+		}
+		a, b := p.Targets[l], p.Targets[i]
+		if diffs := breakerDiffs(*a.CircuitBreaker, *b.CircuitBreaker); diffs != "" {
+			out = append(out, Issue{Pos: b.Pos, Message: fmt.Sprintf(
+				"target %q sends to a host that target %q (line %d) also sends to, so they share one circuit breaker, but their breaker settings differ (%s); the first target's are used",
+				b.Name, a.Name, a.Pos.Line, diffs)})
+		}
+	}
+	return out
+}
+
+func breakerDiffs(a, b CircuitBreaker) string {
+	var diffs []string
+	add := func(name string, x, y any) {
+		if x != y {
+			diffs = append(diffs, fmt.Sprintf("%s %v vs %v", name, x, y))
+		}
+	}
+	add("failure_ratio", a.FailureRatio, b.FailureRatio)
+	add("minimum_requests", a.MinimumRequests, b.MinimumRequests)
+	add("window", a.Window, b.Window)
+	add("open", a.Open, b.Open)
+	add("max_open", a.MaxOpen, b.MaxOpen)
+	return strings.Join(diffs, ", ")
+}
