@@ -11,6 +11,7 @@ import (
 	"github.com/warden-dev/warden/connpool"
 	"github.com/warden-dev/warden/governor/breaker"
 	"github.com/warden-dev/warden/governor/retry"
+	"github.com/warden-dev/warden/internal/rawio"
 	"github.com/warden-dev/warden/proxy/admit"
 	"github.com/warden-dev/warden/proxy/forward"
 	"github.com/warden-dev/warden/proxy/httpwire"
@@ -111,10 +112,11 @@ func (e *Egress) exchange(ctx *fasthttp.RequestCtx, x *exchange, pool *connpool.
 				x.done()
 				return
 			}
-			ticket.Done(breaker.Failure)
+			gone := clientGone(ctx)
+			ticket.Done(failureUnless(gone))
 			x.code = respond.Upstream(ctx, r.Name, err)
 			_, control := respond.UpstreamStatus(err)
-			if retryable && control != respond.ControlTimeout {
+			if retryable && control != respond.ControlTimeout && !gone {
 				ticket, again = e.retry(ctx, x, attempt, err.Error())
 			}
 			if !again {
@@ -125,6 +127,10 @@ func (e *Egress) exchange(ctx *fasthttp.RequestCtx, x *exchange, pool *connpool.
 		} else {
 			status := ctx.Response.StatusCode()
 			outcome := breaker.ClassifyHTTP(status)
+			gone := outcome == breaker.Failure && clientGone(ctx)
+			if gone {
+				outcome = breaker.Neutral
+			}
 			ticket.Done(outcome)
 			httpwire.StripResponse(&ctx.Response.Header)
 			x.code = status
@@ -139,6 +145,22 @@ func (e *Egress) exchange(ctx *fasthttp.RequestCtx, x *exchange, pool *connpool.
 			}
 		}
 	}
+}
+
+// clientGone reports whether the client closed its connection while the
+// upstream was being asked. The breaker counts what the upstream did, and a
+// failure the client did not wait for (its own timeout, a cancelled call)
+// says as much about the client as about the upstream, so it is neutral and
+// not retried. It is asked only after a failure: the check is a system
+// call, and a success the client left behind still shows the upstream
+// working.
+func clientGone(ctx *fasthttp.RequestCtx) bool { return rawio.PeerGone(ctx.Conn()) }
+
+func failureUnless(gone bool) breaker.Outcome {
+	if gone {
+		return breaker.Neutral
+	}
+	return breaker.Failure
 }
 
 // sendsIdempotencyKey reports whether the request, as stripped for the
