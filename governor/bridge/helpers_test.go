@@ -413,3 +413,23 @@ func (r *runs) end(id string) {
 	defer r.mu.Unlock()
 	close(r.done[id])
 }
+
+// hangUpAfter reads until an ErrorResponse, which must carry code, and
+// closes the connection at once, without Terminate and without waiting for
+// the bridge to close it (as libpq does after a FATAL).
+func (r *rawClient) hangUpAfter(code string) {
+	r.t.Helper()
+	for {
+		msg, err := r.fe.Receive()
+		if err != nil {
+			r.t.Fatalf("connection ended without an ErrorResponse %s: %v", code, err)
+		}
+		if e, ok := msg.(*pgproto3.ErrorResponse); ok {
+			if e.Code != code {
+				r.t.Fatalf("ErrorResponse %s %q, want code %s", e.Code, e.Message, code)
+			}
+			_ = r.c.Close()
+			return
+		}
+	}
+}

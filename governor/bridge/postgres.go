@@ -241,8 +241,11 @@ func (s *session) login() error {
 			if f[0] != 'E' && f[0] != 'N' {
 				return protocolError{fmt.Errorf("message %q of %d bytes during login", f[0], frameLen(f))}
 			}
-			if f[0] == 'E' && s.quiet {
-				s.g.logins.forget(s.key)
+			if f[0] == 'E' {
+				s.serverEnding.Store(true) // the server refuses the login and will close
+				if s.quiet {
+					s.g.logins.forget(s.key)
+				}
 			}
 			if err := flush(); err != nil {
 				return err
@@ -300,7 +303,10 @@ func (s *session) login() error {
 			}
 			return flush()
 		case 'E':
-			relay = true // the server refuses the login and will close
+			// The server refuses the login and will close (PostgreSQL makes
+			// any error before the first ReadyForQuery FATAL).
+			relay = true
+			s.serverEnding.Store(true)
 			if s.quiet {
 				s.g.logins.forget(s.key) // it no longer admits this login as cached
 			}
@@ -322,7 +328,7 @@ func (s *session) loginFailed(err error) {
 	case errors.As(err, &pe):
 		s.fail(causeServerProtocol, pe.error)
 	case errors.As(err, &ce):
-		s.end(causeClientGone)
+		s.end(s.clientLost())
 	case errors.Is(err, errPasswordNow):
 		s.fail(causeLoginChanged, err)
 	default:

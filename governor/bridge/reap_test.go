@@ -2,6 +2,7 @@ package bridge
 
 import (
 	"context"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -236,4 +237,58 @@ func TestIdleTimeoutReapsKeptConnection(t *testing.T) {
 	clk.Advance(30 * time.Second)
 	h.reaped("kept", ReasonIdle, 1)
 	h.waitFor("kept", "the kept connection closed", func(s Snapshot) bool { return s.Kept == 0 && s.Live == 0 })
+}
+
+// A session the server ends is no reap, even when the client, having read
+// the server's FATAL, hangs up before the bridge sees the server close (as
+// psql does after a refused login). Each case runs several times: which
+// close the bridge saw first used to depend on timing.
+func TestServerEndedSessionIsNoReap(t *testing.T) {
+	cases := []struct {
+		name string
+		code string
+		// start gets client r to where the server ends its session with code.
+		start func(t *testing.T, h *harness, r *rawClient, app string)
+	}{
+		{"login to an unknown database", "3D000", func(t *testing.T, h *harness, r *rawClient, app string) {
+			r.fe.Send(&pgproto3.StartupMessage{ProtocolVersion: pgproto3.ProtocolVersionNumber,
+				Parameters: map[string]string{"user": h.user, "database": "warden_no_such_db", "application_name": app}})
+			if err := r.fe.Flush(); err != nil {
+				t.Fatal(err)
+			}
+		}},
+		{"backend terminated", "57P01", func(t *testing.T, h *harness, r *rawClient, app string) {
+			r.login(h.user, h.db, app)
+			var n int
+			if err := h.direct().QueryRow(context.Background(),
+				"SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE application_name = $1", app).Scan(&n); err != nil || n != 1 {
+				t.Fatalf("terminate the bridge's backend: %d %v", n, err)
+			}
+		}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			h := newHarness(t, clock.Real{}, nil).withPostgres()
+			h.mustApply(h.pgBridge("ended"))
+			b := h.bridge("ended")
+			for i := range 8 {
+				r := h.dialRaw("ended")
+				tc.start(t, h, r, fmt.Sprintf("ended%d-%d", time.Now().UnixNano(), i))
+				r.hangUpAfter(tc.code)
+				h.waitBridge(b, "the session over", b.idleForGood, func() string { return "" })
+			}
+			s := b.snapshot(time.Now())
+			for _, reason := range Reasons {
+				if s.Reaped[reason] != 0 {
+					t.Errorf("%d %s reaps counted", s.Reaped[reason], reason)
+				}
+			}
+			if n := h.logs.count(`msg="connection reaped"`); n != 0 {
+				t.Errorf("%d reaps logged", n)
+			}
+			if s.Live != 0 {
+				t.Errorf("snapshot %+v", s)
+			}
+		})
+	}
 }

@@ -1,6 +1,7 @@
 package bridge
 
 import (
+	"bytes"
 	"encoding/binary"
 	"fmt"
 )
@@ -9,7 +10,9 @@ import (
 // frame scanner over the bytes as they pass, keeping only the current
 // message's type and how much of it is still to come, across reads. Only two
 // things are looked at: which client messages the server will answer with
-// ReadyForQuery, and the one status byte of each ReadyForQuery.
+// ReadyForQuery, and the one status byte of each ReadyForQuery. (And the
+// severity at the start of the rare ErrorResponse: a FATAL one means the
+// server is ending the session.)
 
 // Message types of protocol 3 a client may send after the startup packet,
 // and those a server may send. Anything else is garbage.
@@ -133,7 +136,40 @@ func (s *frontendScanner) scan(p []byte) (rfq, terminate int, err error) {
 type backendScanner struct {
 	frames
 	wantStatus bool // in a ReadyForQuery whose status byte is still to come
+	// The start of the current ErrorResponse, kept to read its severity.
+	errHead  [errHeadLen]byte
+	nErrHead int
+	errLeft  int  // bytes still to be kept in errHead
+	ending   bool // a FATAL or PANIC ErrorResponse passed: the server closes the session
 }
+
+// errHeadLen is how much of an ErrorResponse is kept: enough for the two
+// fields the server sends first, S (severity, possibly translated) and V
+// (severity, never translated; PostgreSQL 9.6 and later).
+const errHeadLen = 64
+
+// endsSession reports whether the start of an ErrorResponse body gives a
+// severity after which the server closes the connection.
+func endsSession(head []byte) bool {
+	var sev []byte
+	for len(head) > 0 && head[0] != 0 {
+		n := bytes.IndexByte(head[1:], 0)
+		if n < 0 {
+			break // cut off by errHeadLen
+		}
+		v := head[1 : 1+n]
+		switch head[0] {
+		case 'V':
+			return fatalSeverity(v)
+		case 'S':
+			sev = v // the answer unless a V follows
+		}
+		head = head[2+n:]
+	}
+	return fatalSeverity(sev)
+}
+
+func fatalSeverity(v []byte) bool { return string(v) == "FATAL" || string(v) == "PANIC" }
 
 // scan follows chunk p. It returns how many ReadyForQuery messages ended in
 // p and the status of the last one ('I' idle, 'T' in a transaction, 'E' in
@@ -150,6 +186,14 @@ func (s *backendScanner) scan(p []byte) (rfq int, status byte, err error) {
 				rfq++
 			}
 			n := min(s.left, len(p)-i)
+			if s.errLeft > 0 {
+				k := copy(s.errHead[s.nErrHead:s.nErrHead+s.errLeft], p[i:i+n])
+				s.nErrHead += k
+				s.errLeft -= k
+				if s.errLeft == 0 && endsSession(s.errHead[:s.nErrHead]) {
+					s.ending = true
+				}
+			}
 			i += n
 			s.left -= n
 			continue
@@ -159,11 +203,15 @@ func (s *backendScanner) scan(p []byte) (rfq int, status byte, err error) {
 		if err != nil {
 			return rfq, status, err
 		}
-		if whole && s.typ == 'Z' {
+		switch {
+		case !whole:
+		case s.typ == 'Z':
 			if s.left != 1 {
 				return rfq, status, fmt.Errorf("invalid ReadyForQuery length %d", s.left+4)
 			}
 			s.wantStatus = true
+		case s.typ == 'E':
+			s.nErrHead, s.errLeft = 0, min(s.left, errHeadLen)
 		}
 	}
 	return rfq, status, nil

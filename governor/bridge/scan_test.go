@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/binary"
 	"maps"
+	"strings"
 	"testing"
 
 	"github.com/jackc/pgx/v5/pgproto3"
@@ -127,6 +128,42 @@ func TestBackendScanner(t *testing.T) {
 	}
 }
 
+// The backend scanner notices an ErrorResponse after which the server
+// closes the session, however the stream is cut into reads.
+func TestBackendScannerSeesFatal(t *testing.T) {
+	cases := []struct {
+		name   string
+		msg    interface{ Encode([]byte) ([]byte, error) }
+		ending bool
+	}{
+		{"FATAL", &pgproto3.ErrorResponse{Severity: "FATAL", SeverityUnlocalized: "FATAL", Code: "57P01", Message: "terminating connection due to administrator command"}, true},
+		{"PANIC", &pgproto3.ErrorResponse{Severity: "PANIC", SeverityUnlocalized: "PANIC", Code: "XX000"}, true},
+		{"translated FATAL", &pgproto3.ErrorResponse{Severity: "SCHWERWIEGEND", SeverityUnlocalized: "FATAL", Code: "57P01"}, true},
+		{"FATAL before 9.6 (no V field)", &pgproto3.ErrorResponse{Severity: "FATAL", Code: "57P01"}, true},
+		{"ERROR", &pgproto3.ErrorResponse{Severity: "ERROR", SeverityUnlocalized: "ERROR", Code: "42P01", Message: strings.Repeat("x", 100)}, false},
+		{"translated ERROR", &pgproto3.ErrorResponse{Severity: "FEHLER", SeverityUnlocalized: "ERROR", Code: "42P01"}, false},
+		{"FATAL notice text", &pgproto3.NoticeResponse{Severity: "FATAL", SeverityUnlocalized: "FATAL"}, false},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			stream := encode(t, &pgproto3.ReadyForQuery{TxStatus: 'I'}, tc.msg)
+			for a := 0; a <= len(stream); a++ {
+				for _, b := range []int{a, min(a+1, len(stream)), min(a+7, len(stream)), len(stream)} {
+					var s backendScanner
+					for _, piece := range [][]byte{stream[:a], stream[a:b], stream[b:]} {
+						if _, _, err := s.scan(piece); err != nil {
+							t.Fatalf("cuts %d,%d: %v", a, b, err)
+						}
+					}
+					if s.ending != tc.ending {
+						t.Fatalf("cuts %d,%d: ending %v, want %v", a, b, s.ending, tc.ending)
+					}
+				}
+			}
+		})
+	}
+}
+
 func TestParseStartup(t *testing.T) {
 	startup := encode(t, &pgproto3.StartupMessage{ProtocolVersion: pgproto3.ProtocolVersion30,
 		Parameters: map[string]string{"user": "u", "database": "d"}})
@@ -243,8 +280,8 @@ func FuzzScanners(f *testing.F) {
 		if (ew == nil) != (ec == nil) {
 			t.Fatalf("backend: whole err %v, cut err %v", ew, ec)
 		}
-		if ew == nil && (rw != rc || (rw > 0 && sw != sc) || whole.atBoundary() != cut.atBoundary()) {
-			t.Fatalf("backend: whole %d %c, cut %d %c", rw, sw, rc, sc)
+		if ew == nil && (rw != rc || (rw > 0 && sw != sc) || whole.atBoundary() != cut.atBoundary() || whole.ending != cut.ending) {
+			t.Fatalf("backend: whole %d %c %v, cut %d %c %v", rw, sw, whole.ending, rc, sc, cut.ending)
 		}
 	})
 }

@@ -68,6 +68,11 @@ type session struct {
 	cause   atomic.Int32
 	hurry   atomic.Bool           // shutdown_grace is over: no lingering goodbye
 	err     atomic.Pointer[error] // detail of a protocol violation
+	// The server said it ends the session (an ErrorResponse during login,
+	// a FATAL after it), set before that reaches the client: a client that
+	// hangs up once it has read it did not vanish, and its EOF may well
+	// reach the bridge before the server's close does.
+	serverEnding atomic.Bool
 
 	timerMu sync.Mutex
 	timer   clock.Timer
@@ -261,6 +266,19 @@ func (s *session) clientEnd(err error) cause {
 	if s.terminated || (!s.pg && errors.Is(err, io.EOF)) {
 		return causeClientDone
 	}
+	return s.clientLost()
+}
+
+// clientLost is the cause for a client that left without Terminate, or
+// could no longer be written to: it vanished (a reap), unless the server
+// had already said it ends the session. Then the session is the server's
+// to end, however the two closes reach the bridge: a client reading the
+// server's FATAL hangs up at once, often before the bridge has read the
+// server's own close.
+func (s *session) clientLost() cause {
+	if s.serverEnding.Load() {
+		return causeServerClosed
+	}
 	return causeClientGone
 }
 
@@ -302,7 +320,7 @@ func (s *session) forwardServer(p []byte) bool {
 	if !s.pg {
 		s.touch()
 		if _, err := s.clIO.Write(p); err != nil {
-			s.end(causeClientGone)
+			s.end(s.clientLost())
 			return false
 		}
 		return true
@@ -311,6 +329,9 @@ func (s *session) forwardServer(p []byte) bool {
 	if err != nil {
 		s.fail(causeServerProtocol, err)
 		return false
+	}
+	if s.bs.ending {
+		s.serverEnding.Store(true) // before the client can read the FATAL
 	}
 	idle := false
 	if rfq > 0 {
@@ -323,7 +344,7 @@ func (s *session) forwardServer(p []byte) bool {
 		s.touch()
 	}
 	if _, err := s.clIO.Write(p); err != nil {
-		s.end(causeClientGone)
+		s.end(s.clientLost())
 		return false
 	}
 	// A connection marked to close at its next idle moment (max_lifetime
