@@ -234,7 +234,7 @@ func (b *bridge) handle(c *net.TCPConn) {
 func (b *bridge) serveTCP(c *net.TCPConn, g *generation) {
 	conn, early, err := b.acquire(c, g, "", nil)
 	if err != nil {
-		b.refuseAcquire(c, g, err)
+		b.refuseAcquire(c, g, "", err)
 		return
 	}
 	b.newSession(g, c, conn, false).run(nil, early)

@@ -61,7 +61,7 @@ func (b *bridge) servePostgres(c *net.TCPConn, g *generation) {
 	}
 	conn, early, err := b.acquire(c, g, key, ended)
 	if err != nil {
-		b.refuseAcquire(c, g, err)
+		b.refuseAcquire(c, g, runID, err)
 		return
 	}
 	s := b.newSession(g, c, conn, true)
@@ -108,7 +108,7 @@ func (b *bridge) serveCachedLogin(c *net.TCPConn, cio net.Conn, g *generation, p
 	conn, early, err := b.acquire(c, g, key, nil)
 	if err != nil {
 		b.withdrawCancelKey(cancel)
-		b.refuseAcquire(c, g, err)
+		b.refuseAcquire(c, g, "", err)
 		return
 	}
 	s := b.newSession(g, c, conn, true)

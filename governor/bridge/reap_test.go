@@ -185,8 +185,16 @@ func TestRunEndedClosesBoundSession(t *testing.T) {
 	_ = waiting.fe.Flush()
 	h.waitFor("runs", "the r2 client waiting", func(s Snapshot) bool { return s.Waiting == 1 })
 	tracker.end("r2")
-	waiting.fatal("57P01")
+	// Counted and logged like the other run_ended reaps, naming the run.
+	if e := waiting.fatal("57P01"); !strings.Contains(e.Message, "run r2 has ended") || !strings.Contains(e.Message, "bridge runs") {
+		t.Fatalf("message %q", e.Message)
+	}
 	h.reaped("runs", ReasonRunEnded, 3)
+	for _, run := range []string{"r1", "r2"} {
+		if n := h.logs.count(`msg="connection reaped"`, "reason="+ReasonRunEnded, "run="+run); n == 0 {
+			t.Errorf("no run_ended reap logged naming run %s", run)
+		}
+	}
 	if _, err := other.Exec(context.Background(), "SELECT 1"); err != nil {
 		t.Fatalf("unbound session disturbed: %v", err)
 	}

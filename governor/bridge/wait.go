@@ -85,8 +85,9 @@ func (w *watch) stop() []byte {
 	return w.buf
 }
 
-// refuseAcquire tells a client why it got no connection.
-func (b *bridge) refuseAcquire(c *net.TCPConn, g *generation, err error) {
+// refuseAcquire tells a client why it got no connection; runID is the run
+// it is bound to, if any.
+func (b *bridge) refuseAcquire(c *net.TCPConn, g *generation, runID string, err error) {
 	pg := g.cfg.Protocol == protocolPostgres
 	var wt *dbpool.WaitTimeout
 	var de *dbpool.DialError
@@ -110,9 +111,11 @@ func (b *bridge) refuseAcquire(c *net.TCPConn, g *generation, err error) {
 			return
 		}
 	case errors.Is(err, errRunEnded):
-		b.countReap(ReasonRunEnded, "connection", "client waiting for a slot")
+		// A reap like any other of its run's connections (README), though
+		// it held no slot yet: counted, logged and named the same way.
+		b.countReap(ReasonRunEnded, "run", runID, "connection", "client waiting for a slot")
 		if pg {
-			b.refuse(c, fatal("57P01", fmt.Sprintf("bridge %s: run has ended while its client waited", b.name), ""))
+			b.refuse(c, fatal("57P01", fmt.Sprintf("bridge %s: run %s has ended while its client waited", b.name, runID), ""))
 			return
 		}
 	}
