@@ -19,7 +19,11 @@ import (
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
+	"github.com/warden-dev/warden/governor"
+	"github.com/warden-dev/warden/governor/backend/redisx"
 	"github.com/warden-dev/warden/governor/clock"
+	"github.com/warden-dev/warden/governor/metrics"
+	"github.com/warden-dev/warden/governor/window"
 	"github.com/warden-dev/warden/internal/fasttest"
 )
 
@@ -141,9 +145,15 @@ var t0 = time.Date(2026, 3, 2, 10, 0, 20, 0, time.UTC)
 
 func start(t *testing.T, yaml string, dialOpts ...grpc.DialOption) *fixture {
 	t.Helper()
-	f := &fixture{clk: clock.NewFake(t0)}
-	gov, ctl := fasttest.NewGovernor(t, f.clk, yaml)
-	f.gov = gov
+	clk := clock.NewFake(t0)
+	gov, ctl := fasttest.NewGovernor(t, clk, yaml)
+	return startOn(t, clk, gov, ctl, dialOpts...)
+}
+
+// startOn serves the controls ctl of gov, whose clock is clk.
+func startOn(t *testing.T, clk *clock.Fake, gov *fasttest.Governor, ctl *governor.Controls, dialOpts ...grpc.DialOption) *fixture {
+	t.Helper()
+	f := &fixture{clk: clk, gov: gov}
 	f.g = New(Options{Clock: f.clk, Metrics: gov.Metrics})
 	if err := f.g.Apply(context.Background(), ctl); err != nil {
 		t.Fatal(err)
@@ -544,5 +554,30 @@ func TestFailedRebindBuildsNothing(t *testing.T) {
 	}
 	if out, err := f.call(context.Background(), "hi"); err != nil || out != "echo:hi" {
 		t.Fatalf("after the failed reload: %q %v", out, err)
+	}
+}
+
+// TestBackendDownIsResourceExhausted: with a fail_closed shared backend
+// out of reach, the tenant cap refuses with RESOURCE_EXHAUSTED (HTTP's 429)
+// and control upstream, saying the backend is the cause, not a reached cap.
+func TestBackendDownIsResourceExhausted(t *testing.T) {
+	_, addr := startEcho(t)
+	clk := clock.NewFake(t0)
+	// Port 1 on loopback refuses connections: a real unreachable Redis.
+	down, err := window.NewRedis(window.RedisConfig{Config: redisx.Config{URL: "redis://127.0.0.1:1/0", FailClosed: true}}, clk, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer down.Close()
+	m := metrics.New()
+	g := &fasttest.Governor{Governor: governor.New(clk, m, down), Metrics: m}
+	ctl := g.Load(t, grpcPolicy("  tenant: { header: x-tenant-id, rate: 3, window: 1 }", echoTarget(addr, "")))
+	f := startOn(t, clk, g, ctl)
+	var trailer metadata.MD
+	_, err = f.call(context.Background(), "hi", grpc.Trailer(&trailer))
+	st := status.Convert(err)
+	if st.Code() != codes.ResourceExhausted || strings.Join(trailer.Get("x-warden-control"), ",") != "upstream" ||
+		!strings.Contains(st.Message(), "backend unreachable") || strings.Contains(st.Message(), "reached") {
+		t.Fatalf("backend down: %v, trailer %v", err, trailer)
 	}
 }

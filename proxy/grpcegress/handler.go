@@ -86,6 +86,12 @@ func (g *Grpc) serve(w http.ResponseWriter, r *http.Request) {
 		case ref.Control == respond.ControlBreaker:
 			code = codeUnavailable
 			msg = "circuit breaker of " + rt.Name + " is open; retry after " + strconv.Itoa(breaker.RetryAfterSeconds(ref.RetryAfter)) + "s"
+		case ref.Control == respond.ControlUpstream:
+			// A fail_closed shared backend that cannot be reached: the
+			// limit was never consulted, so naming it as reached would
+			// send the operator to the wrong place. RESOURCE_EXHAUSTED,
+			// as HTTP gets 429 (SPEC §9).
+			msg = "shared limits backend unreachable (on_error: fail_closed); " + ref.Scope + " refused; retry after 1s"
 		case ref.ByTenantCap():
 			msg = "tenant cap " + ref.Tenant.Quota() + " reached; retry after " + strconv.Itoa(ref.Tenant.RetryAfter(now)) + "s"
 		case ref.Err != nil:
