@@ -152,8 +152,10 @@ func (s *server) authorized(next http.HandlerFunc) http.HandlerFunc {
 			writeError(w, http.StatusForbidden, "mutating admin calls are disabled: set "+tokenName(s.cfg.TokenEnv)+" to enable them")
 			return
 		}
-		got, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
-		if !ok || !constantTimeEqual(got, token) {
+		// The scheme is case-insensitive (RFC 9110 §11.1): "bearer" is as
+		// good as "Bearer".
+		scheme, got, ok := strings.Cut(r.Header.Get("Authorization"), " ")
+		if !ok || !strings.EqualFold(scheme, "Bearer") || !constantTimeEqual(got, token) {
 			w.Header().Set("WWW-Authenticate", `Bearer realm="warden-admin"`)
 			writeError(w, http.StatusUnauthorized, "missing or wrong bearer token")
 			return

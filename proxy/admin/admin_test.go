@@ -30,6 +30,8 @@ func TestAuthorization(t *testing.T) {
 		{"wrong token", "ADMIN_TEST_TOKEN", "Bearer nope", 401},
 		{"not bearer", "ADMIN_TEST_TOKEN", "Basic tok", 401},
 		{"right token", "ADMIN_TEST_TOKEN", "Bearer tok", 200},
+		{"scheme in lower case", "ADMIN_TEST_TOKEN", "bearer tok", 200},
+		{"other scheme", "ADMIN_TEST_TOKEN", "Basic tok", 401},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
