@@ -10,11 +10,13 @@ import (
 	"unicode/utf8"
 )
 
-// Limits on what a caller may send.
-const (
-	maxBody           = 4 << 20 // a submit or complete body
-	maxIdempotencyKey = 1024
-)
+// MaxBody bounds a body of the runs API (a submit, a complete): one over
+// it is a 400. The ingress that serves the API reads no more than this
+// (the app passes it to Ingress.Mount), so the two cannot disagree.
+const MaxBody = 4 << 20
+
+// maxIdempotencyKey bounds a submit's idempotency_key.
+const maxIdempotencyKey = 1024
 
 // BadRequest is a refusal of the request itself (HTTP 400); its message
 // names the problem.
@@ -108,8 +110,8 @@ func parseComplete(body []byte) (completeBody, error) {
 // decodeStrict decodes one JSON object into v and turns encoding/json's
 // errors into messages a caller can act on.
 func decodeStrict(body []byte, v any, fields, example string) error {
-	if len(body) > maxBody {
-		return badRequest("body is %d bytes; the limit is %d", len(body), maxBody)
+	if len(body) > MaxBody {
+		return badRequest("body is %d bytes; the limit is %d", len(body), MaxBody)
 	}
 	if len(bytes.TrimSpace(body)) == 0 {
 		return badRequest("empty body: want a JSON object like %s", example)

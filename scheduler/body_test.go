@@ -15,7 +15,7 @@ func TestParseSubmit(t *testing.T) {
 	if err != nil || string(b.Input) != "{}" || b.Priority != nil {
 		t.Fatalf("defaults: %+v %v", b, err)
 	}
-	if _, err := parseSubmit(make([]byte, maxBody+1)); err == nil {
+	if _, err := parseSubmit(make([]byte, MaxBody+1)); err == nil {
 		t.Fatal("oversized body accepted")
 	}
 }

@@ -3,6 +3,7 @@ package ingress
 import (
 	"bytes"
 	"errors"
+	"strconv"
 	"sync"
 	"time"
 
@@ -14,9 +15,6 @@ import (
 	"github.com/warden-dev/warden/proxy/respond"
 	"github.com/warden-dev/warden/proxy/stats"
 )
-
-// MountBodyLimit bounds the body a mounted handler (the run API) reads.
-const MountBodyLimit = 1 << 20
 
 // serve is the request path: framing checks, tenant cap, request ID, then
 // the mounted handler or the worker.
@@ -66,9 +64,12 @@ func (g *Ingress) now(ctx *fasthttp.RequestCtx) time.Time {
 }
 
 func (g *Ingress) serveMounted(ctx *fasthttp.RequestCtx, rt *policyState, m *mount) {
-	if err := forward.ReadAll(ctx, MountBodyLimit); err != nil {
+	if err := forward.ReadAll(ctx, m.maxBody); err != nil {
 		if errors.Is(err, forward.ErrTooLarge) {
-			respond.Error(ctx, fasthttp.StatusRequestEntityTooLarge, "request body over 1 MiB")
+			// A 400, not a 413: the run API refuses only with 400s and the
+			// tenant's 429 (SPEC §6), and words it as the scheduler words
+			// its own body errors.
+			respond.Error(ctx, fasthttp.StatusBadRequest, tooLarge(ctx, m.maxBody))
 		} else {
 			respond.Error(ctx, fasthttp.StatusBadRequest, err.Error())
 		}
@@ -76,6 +77,19 @@ func (g *Ingress) serveMounted(ctx *fasthttp.RequestCtx, rt *policyState, m *mou
 		m.h(ctx)
 	}
 	rt.mounted.Done(ctx.Response.StatusCode(), ctx.Time())
+}
+
+// tooLarge is the message for a mounted request's body over limit: its
+// size when the request announced it, else that it goes past the limit.
+func tooLarge(ctx *fasthttp.RequestCtx, limit int) string {
+	n := ctx.Request.Header.ContentLength()
+	if !ctx.Request.IsBodyStream() {
+		n = len(ctx.Request.Body())
+	}
+	if n > limit {
+		return "body is " + strconv.Itoa(n) + " bytes; the limit is " + strconv.Itoa(limit)
+	}
+	return "body is over " + strconv.Itoa(limit) + " bytes; the limit is " + strconv.Itoa(limit)
 }
 
 func (m *mount) matches(path []byte) bool {

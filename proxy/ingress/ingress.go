@@ -69,8 +69,9 @@ type policyState struct {
 }
 
 type mount struct {
-	prefix string
-	h      fasthttp.RequestHandler
+	prefix  string
+	h       fasthttp.RequestHandler
+	maxBody int
 }
 
 // New returns a stopped ingress; Apply starts it.
@@ -100,15 +101,17 @@ func (g *Ingress) Name() string { return "ingress" }
 
 // Mount serves h for requests whose path is prefix or below it
 // (prefix + "/..."), after the tenant cap; everything else is proxied to
-// the worker. h sees the whole request body (up to MountBodyLimit) through
-// ctx.PostBody(). Mount may be called before or after Apply; an empty
-// prefix or nil h removes the mount.
-func (g *Ingress) Mount(prefix string, h fasthttp.RequestHandler) {
+// the worker. h sees the whole request body through ctx.PostBody(); a body
+// over maxBody bytes is answered 400 without reading it all (the mounted
+// API's own limit: it is the handler's, so only its owner knows it). Mount
+// may be called before or after Apply; an empty prefix or nil h removes
+// the mount.
+func (g *Ingress) Mount(prefix string, h fasthttp.RequestHandler, maxBody int) {
 	if prefix == "" || h == nil {
 		g.mount.Store(nil)
 		return
 	}
-	g.mount.Store(&mount{prefix: strings.TrimSuffix(prefix, "/"), h: h})
+	g.mount.Store(&mount{prefix: strings.TrimSuffix(prefix, "/"), h: h, maxBody: maxBody})
 }
 
 // Addr is the bound listen address, "" when stopped.

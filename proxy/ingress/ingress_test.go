@@ -411,7 +411,7 @@ func TestMount(t *testing.T) {
 	f := start(t, "  tenant: { rate: 2, window: 60 }", func(ctx *fasthttp.RequestCtx) { ctx.WriteString("worker") })
 	f.in.Mount("/v1/runs", func(ctx *fasthttp.RequestCtx) {
 		fmt.Fprintf(ctx, "runs %s %s", ctx.Path(), ctx.PostBody())
-	})
+	}, 1<<20)
 	post := func(path, body string) (int, string) {
 		resp, err := http.Post("http://"+f.addr+path, "application/json", strings.NewReader(body))
 		if err != nil {
@@ -433,25 +433,51 @@ func TestMount(t *testing.T) {
 	}
 }
 
+// The mounted handler's body limit is the one Mount was given: a body up
+// to it reaches the handler whole, and one over it is a 400 (never a 413:
+// the run API refuses only with 400s and the tenant 429) with a JSON error
+// naming the limit, whether the body was announced too large (refused
+// before it is read, beyond the 8 KiB fasthttp reads ahead before any
+// handler runs) or found too large while reading it (chunked).
 func TestMountBodyLimit(t *testing.T) {
+	const limit = 3 << 20 // over fasthttp's and the old mount's defaults
 	f := start(t, "", func(ctx *fasthttp.RequestCtx) {})
-	f.in.Mount("/v1/runs", func(ctx *fasthttp.RequestCtx) { ctx.SetStatusCode(202) })
-	// Announced too large: refused before the body is read (beyond the
-	// 8 KiB fasthttp reads ahead before any handler runs).
-	resp, _ := fasttest.Raw(t, f.addr, fmt.Sprintf("POST /v1/runs HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n%s",
-		MountBodyLimit+1, strings.Repeat("x", 8<<10)))
-	if resp.StatusCode != 413 {
-		t.Fatalf("oversized run body: %d", resp.StatusCode)
+	f.in.Mount("/v1/runs", func(ctx *fasthttp.RequestCtx) {
+		ctx.SetStatusCode(202)
+		fmt.Fprintf(ctx, "%d", len(ctx.PostBody()))
+	}, limit)
+	chunked := func(n int) string {
+		var b strings.Builder
+		for rest := n; rest > 0; {
+			c := min(rest, 64<<10)
+			fmt.Fprintf(&b, "%x\r\n%s\r\n", c, strings.Repeat("x", c))
+			rest -= c
+		}
+		return "POST /v1/runs HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n" + b.String() + "0\r\n\r\n"
 	}
-	// Chunked past the limit: refused once the limit is crossed.
-	chunk := strings.Repeat("x", 64<<10)
-	var b strings.Builder
-	for range MountBodyLimit/len(chunk) + 1 {
-		fmt.Fprintf(&b, "%x\r\n%s\r\n", len(chunk), chunk)
+	tests := []struct {
+		name string
+		raw  string
+		code int
+		body string // the handler's answer, or a substring of the refusal
+	}{
+		{"at the limit", fmt.Sprintf("POST /v1/runs HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n%s", limit, strings.Repeat("x", limit)),
+			202, fmt.Sprint(limit)},
+		{"chunked at the limit", chunked(limit), 202, fmt.Sprint(limit)},
+		{"announced over the limit", fmt.Sprintf("POST /v1/runs HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n%s", limit+1, strings.Repeat("x", 8<<10)),
+			400, fmt.Sprintf(`{"error":"body is %d bytes; the limit is %d"}`, limit+1, limit)},
+		{"chunked over the limit", chunked(limit + 1), 400, fmt.Sprintf(`{"error":"body is over %d bytes; the limit is %d"}`, limit, limit)},
 	}
-	resp, _ = fasttest.Raw(t, f.addr, "POST /v1/runs HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"+b.String()+"0\r\n\r\n")
-	if resp.StatusCode != 413 {
-		t.Fatalf("oversized chunked run body: %d", resp.StatusCode)
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			resp, body := fasttest.Raw(t, f.addr, tc.raw)
+			if resp.StatusCode != tc.code || string(body) != tc.body {
+				t.Fatalf("%d %s, want %d %s", resp.StatusCode, body, tc.code, tc.body)
+			}
+			if tc.code == 400 && resp.Header.Get("Content-Type") != "application/json" {
+				t.Fatalf("refusal Content-Type %q, want application/json", resp.Header.Get("Content-Type"))
+			}
+		})
 	}
 }
 

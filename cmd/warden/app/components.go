@@ -53,7 +53,9 @@ func (a *App) buildComponents() []Component {
 
 // runsMount keeps the scheduler's runs API mounted on the ingress listener
 // at scheduler.path_prefix, following reloads that move or remove it. The
-// ingress applies the tenant cap before the mounted handler runs.
+// ingress applies the tenant cap before the mounted handler runs, and reads
+// bodies up to the scheduler's own limit (scheduler.MaxBody), so the two
+// layers refuse the same bodies the same way.
 type runsMount struct {
 	ing   *ingress.Ingress
 	sched *scheduler.Scheduler
@@ -63,10 +65,10 @@ func (runsMount) Name() string { return "runs-mount" }
 
 func (m runsMount) Apply(_ context.Context, c *governor.Controls) error {
 	if c.Policy.Scheduler == nil {
-		m.ing.Mount("", nil)
+		m.ing.Mount("", nil, 0)
 		return nil
 	}
-	m.ing.Mount(c.Policy.Scheduler.PathPrefix, m.sched.Handler())
+	m.ing.Mount(c.Policy.Scheduler.PathPrefix, m.sched.Handler(), scheduler.MaxBody)
 	return nil
 }
 
