@@ -141,9 +141,24 @@ func (s *Scheduler) Submit(ctx context.Context, req SubmitRequest) (Receipt, boo
 	s.mu.Lock()
 	s.enqueueLocked(r)
 	started = s.admitLocked(now)
+	_, admitted := s.active[r.Seq]
+	control := ""
+	if v := s.awaitRedisLocked(r.Seq); v != nil {
+		// Lanes shared through Redis are taken by a pass outside the lock:
+		// answer with what it decided for this run.
+		s.mu.Unlock()
+		select {
+		case <-v.done:
+		case <-ctx.Done():
+		}
+		s.mu.Lock()
+		admitted, control = v.admitted, v.control
+	}
 	rc := Receipt{ID: id, Status: store.Running.String()}
-	if _, admitted := s.active[r.Seq]; !admitted {
-		control := s.controlLocked(s.q.def(r.Name), r.Key, now)
+	if !admitted {
+		if control == "" {
+			control = s.controlLocked(s.q.def(r.Name), r.Key, now)
+		}
 		rc.Status, rc.AwaitingAdmission, rc.Control = store.Queued.String(), true, &control
 	}
 	sh := s.shared

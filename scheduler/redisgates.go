@@ -40,6 +40,10 @@ import (
 // A killed sidecar renews nothing, so its leases expire after the client's
 // LeaseTTL.
 //
+// A submission waits for the pass that decides its run (awaitRedisLocked),
+// so that its receipt reports RUNNING or the gate that refused it, not a
+// guess made before Redis was asked.
+//
 // Nobody announces a slot freed on another sidecar: while a run waits on a
 // shared gate, a pass runs every RedisRetryEvery on the injected clock,
 // and at once when this sidecar frees a lane or permit.
@@ -89,6 +93,22 @@ type redisGates struct {
 	// run: admitted while Redis could not decide (fail_open), or running
 	// when this sidecar started (recovered RUNNING runs).
 	adopt map[*active]struct{}
+	// iters counts the admitting iterations of passes started so far;
+	// verdicts are the submissions waiting for one to decide their run,
+	// by run.
+	iters    uint64
+	verdicts map[uint64]*verdict
+}
+
+// verdict is what the passes decided for a run being submitted, so that
+// its receipt reports it: admitted (RUNNING), refused by a shared gate
+// (that control), or left waiting without being tried (the control its
+// local gates or the last refusals name). Guarded by Scheduler.mu.
+type verdict struct {
+	iter     uint64        // rg.iters when the submission asked
+	done     chan struct{} // closed once decided
+	admitted bool
+	control  string // the shared gate that refused it, if one did
 }
 
 // redisHeld is what an admission holds in Redis; guarded by Scheduler.mu.
@@ -111,7 +131,46 @@ func newRedisGates(counter window.Counter, sharedStore bool) *redisGates {
 	if !ok || sharedStore {
 		return nil
 	}
-	return &redisGates{red: red, notes: map[string]string{}, poolNotes: map[string]string{}, adopt: map[*active]struct{}{}}
+	return &redisGates{red: red, notes: map[string]string{}, poolNotes: map[string]string{}, adopt: map[*active]struct{}{},
+		verdicts: map[uint64]*verdict{}}
+}
+
+// awaitRedisLocked asks for a pass that admits run seq, just queued by a
+// submission, and returns the verdict it will decide; nil when no pass
+// will (no Redis gates, or admission has stopped). Submit waits for it
+// instead of answering before Redis was asked: a run the shared gates
+// admit at once is answered RUNNING, as without Redis, and one they refuse
+// names the gate that did, not the lanes by default (SPEC §4).
+func (s *Scheduler) awaitRedisLocked(seq uint64) *verdict {
+	rg := s.rg
+	if rg == nil || rg.stopped || s.draining || s.closed {
+		return nil
+	}
+	v := &verdict{iter: rg.iters, done: make(chan struct{})}
+	rg.verdicts[seq] = v
+	s.pokeRedisLocked(true)
+	return v
+}
+
+// decideLocked closes the verdict of run seq, if a submission waits for
+// one.
+func (rg *redisGates) decideLocked(seq uint64, admitted bool, control string) {
+	if v := rg.verdicts[seq]; v != nil {
+		delete(rg.verdicts, seq)
+		v.admitted, v.control = admitted, control
+		close(v.done)
+	}
+}
+
+// decideUntriedLocked closes the verdicts asked before admitting iteration
+// iter began: that iteration went on until nothing more could start, so a
+// run it did not admit waits, for the control its views name.
+func (rg *redisGates) decideUntriedLocked(iter uint64) {
+	for seq, v := range rg.verdicts {
+		if v.iter < iter {
+			rg.decideLocked(seq, false, "")
+		}
+	}
 }
 
 // pokeRedisLocked asks for a pass that releases what ended and, with
@@ -160,6 +219,11 @@ func (s *Scheduler) redisPass(rg *redisGates) {
 		rg.again = false
 		admit := rg.admit
 		rg.admit = false
+		var iter uint64
+		if admit {
+			rg.iters++
+			iter = rg.iters
+		}
 		releases := rg.releases
 		rg.releases = nil
 		adopt := s.adoptionsLocked(rg)
@@ -173,6 +237,9 @@ func (s *Scheduler) redisPass(rg *redisGates) {
 			retry = s.redisAdmit(rg)
 		}
 		s.mu.Lock()
+		if admit {
+			rg.decideUntriedLocked(iter)
+		}
 		// Admissions still without leases get them at a tick once Redis
 		// answers (nothing else announces its return).
 		if retry || len(rg.adopt) > 0 && rg.red.Client() != nil {
@@ -404,10 +471,12 @@ func (s *Scheduler) settleLocked(rg *redisGates, c *claim, now time.Time) (admit
 		if d.waitObs != nil {
 			d.waitObs.Observe(time.Duration(a.admittedAt - a.queuedAt).Seconds())
 		}
+		rg.decideLocked(a.seq, true, "")
 		return true, "", false
 	}
 	s.unpickLocked(a)
 	control = refusal(c)
+	rg.decideLocked(a.seq, false, control)
 	switch control {
 	case ControlLanes, pool.ControlUpstream:
 		// Nothing else can start now: every definition needs a lane.
@@ -729,6 +798,11 @@ func (s *Scheduler) stopRedisGates() {
 		a.red = nil
 	}
 	clear(rg.adopt)
+	// None should be left (stop waits for every API call, a Submit
+	// included, before it stops the gates); never leave one waiting.
+	for seq := range rg.verdicts {
+		rg.decideLocked(seq, false, "")
+	}
 	s.mu.Unlock()
 	for _, h := range abandon {
 		h.Abandon()

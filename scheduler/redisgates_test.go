@@ -2,6 +2,7 @@ package scheduler
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/http"
 	"strings"
@@ -15,6 +16,7 @@ import (
 	"github.com/warden-dev/warden/governor/backend/redisx"
 	"github.com/warden-dev/warden/governor/backend/redisx/redistest"
 	"github.com/warden-dev/warden/governor/clock"
+	"github.com/warden-dev/warden/governor/metrics"
 	"github.com/warden-dev/warden/governor/pool"
 	"github.com/warden-dev/warden/governor/window"
 	"github.com/warden-dev/warden/internal/fasttest"
@@ -31,6 +33,7 @@ type redisSidecar struct {
 	t   *testing.T
 	s   *Scheduler
 	red *window.Redis
+	m   *metrics.Metrics
 }
 
 func newRedisSidecar(t *testing.T, url, prefix string, clk clock.Clock, failClosed bool, workerURL, sched string) *redisSidecar {
@@ -63,7 +66,8 @@ func startRedisSidecarTTL(t *testing.T, url, prefix string, clk clock.Clock, fai
 	if err != nil {
 		t.Fatalf("policy: %v\n%s", err, yaml)
 	}
-	s := New(Options{Clock: clk, Store: st, Counter: red})
+	m := metrics.New()
+	s := New(Options{Clock: clk, Store: st, Counter: red, Metrics: m})
 	if err := s.Apply(context.Background(), governor.New(clk, nil, red).Apply(p)); err != nil {
 		t.Fatal(err)
 	}
@@ -74,7 +78,7 @@ func startRedisSidecarTTL(t *testing.T, url, prefix string, clk clock.Clock, fai
 			t.Errorf("shutdown: %v", err)
 		}
 	})
-	return &redisSidecar{t: t, s: s, red: red}
+	return &redisSidecar{t: t, s: s, red: red, m: m}
 }
 
 // submit queues a run of definition name with input and returns its id.
@@ -136,6 +140,73 @@ func gatedByBody(t *testing.T) (*worker, *gates) {
 	g := newGates()
 	w := newWorker(t, func(d delivery) (int, string) { g.wait(d.body); return http.StatusOK, `{}` }, g)
 	return w, g
+}
+
+// A submission through shared gates is answered as the memory backend
+// answers it (SPEC §4, §6): a run every gate admits at once is RUNNING
+// with no control and counts no rejection; a run that waits names the
+// gate that holds it — a semaphore held on another sidecar, the lanes
+// held across both — and counts one rejection under that control only.
+func TestRedisSubmitNamesItsControl(t *testing.T) {
+	url := testenv.RedisURL(t)
+	prefix := redistest.Prefix(t, url)
+	w, g := gatedByBody(t)
+	sched := `
+  lanes: 3
+  semaphores: { erp: 1 }
+  definitions:
+    job: {}
+    sem: { semaphores: [erp] }`
+	other := newRedisSidecar(t, url, prefix, clock.Real{}, false, w.srv.URL, sched)
+	sc := newRedisSidecar(t, url, prefix, clock.Real{}, false, w.srv.URL, sched)
+	t.Cleanup(g.openAll) // before the sidecars shut down
+
+	steps := []struct {
+		name    string
+		on      *redisSidecar
+		def     string
+		status  string // the receipt's
+		control string // the receipt's, as deref shows it
+	}{
+		{"lanes free", sc, "job", "RUNNING", "<nil>"},
+		{"other takes the permit", other, "sem", "RUNNING", "<nil>"},
+		{"permit held on the other sidecar", sc, "sem", "QUEUED", ControlSemaphore},
+		{"other takes the last lane", other, "job", "RUNNING", "<nil>"},
+		{"no lane left", sc, "job", "QUEUED", ControlLanes},
+	}
+	rejected := map[[2]string]float64{} // sc's, by control and definition
+	for i, st := range steps {
+		input := fmt.Sprintf(`{"step":%d}`, i)
+		rc, _, err := st.on.s.Submit(context.Background(), SubmitRequest{Name: st.def, Input: []byte(input)})
+		if err != nil {
+			t.Fatalf("%s: submit: %v", st.name, err)
+		}
+		if rc.Status != st.status || deref(rc.Control) != st.control || rc.AwaitingAdmission != (st.status == "QUEUED") {
+			t.Fatalf("%s: receipt %s awaiting=%v control %q, want %s control %q",
+				st.name, rc.Status, rc.AwaitingAdmission, deref(rc.Control), st.status, st.control)
+		}
+		if st.status == "RUNNING" {
+			if d := w.next(t); d.body != input {
+				t.Fatalf("%s: delivered %s, want %s", st.name, d.body, input)
+			}
+		} else {
+			if v := st.on.get(rc.ID); v.Status != "QUEUED" || deref(v.Control) != st.control {
+				t.Fatalf("%s: GET says %s control %q after the receipt said %s", st.name, v.Status, deref(v.Control), st.control)
+			}
+			rejected[[2]string{st.control, st.def}]++
+		}
+		for _, c := range []string{ControlLanes, ControlSemaphore} {
+			for _, def := range []string{"job", "sem"} {
+				if got, want := value(sc.m.Rejections.WithLabelValues(c, "run:"+def)), rejected[[2]string{c, def}]; got != want {
+					t.Fatalf("%s: warden_rejections_total{control=%q,scope=\"run:%s\"} = %v, want %v", st.name, c, def, got, want)
+				}
+			}
+		}
+	}
+	g.openAll()
+	for _, id := range []string{"1", "2", "3"} {
+		sc.waitStatus(id, "COMPLETED")
+	}
 }
 
 // Three schedulers, each with its own store, share lanes 5 through one
@@ -500,7 +571,9 @@ func TestRedisPermitSweptWithoutHeartbeat(t *testing.T) {
 }
 
 // While an admission waits on Redis, the scheduler's lock is free: views,
-// submissions and queue reads go on (the pass asks Redis unlocked).
+// submissions and queue reads go on (the pass asks Redis unlocked). A
+// submission stores and queues its run meanwhile, and its receipt waits
+// for the pass that decides it (it says what Redis decided).
 func TestRedisAdmissionNeverHoldsTheLock(t *testing.T) {
 	url := testenv.RedisURL(t)
 	proxy := redistest.NewStallProxy(t, url)
@@ -515,16 +588,32 @@ func TestRedisAdmissionNeverHoldsTheLock(t *testing.T) {
 	sc.waitStatus(warm, "COMPLETED")
 
 	proxy.Stall()
-	held := sc.submit("job", `{"r":1}`)
+	receipts := make(chan Receipt, 2)
+	submit := func(input string) {
+		go func() {
+			rc, _, err := sc.s.Submit(context.Background(), SubmitRequest{Name: "job", Input: []byte(input)})
+			if err != nil {
+				t.Errorf("submit %s: %v", input, err)
+			}
+			receipts <- rc
+		}()
+	}
+	submit(`{"r":1}`)
 	<-proxy.Held() // its admission is on the wire, held back
 	done := make(chan error, 1)
 	go func() {
-		v, err := sc.s.Get(context.Background(), held)
-		if err == nil && v.Status != "QUEUED" {
-			err = fmt.Errorf("the held run is %s while its admission waits on Redis", v.Status)
+		runs, err := sc.s.List(context.Background(), "", 0, 10)
+		if err == nil && (len(runs) != 2 || runs[1].Status != "QUEUED") {
+			err = fmt.Errorf("runs while the admission waits on Redis: %+v, want the held one QUEUED", runs)
 		}
 		if err == nil {
-			_, _, err = sc.s.Submit(context.Background(), SubmitRequest{Name: "job", Input: []byte(`{"r":2}`)})
+			submit(`{"r":2}`)
+			for end := time.Now().Add(3 * time.Second); err == nil && len(runs) < 3 && time.Now().Before(end); {
+				runs, err = sc.s.List(context.Background(), "", 0, 10)
+			}
+			if err == nil && len(runs) < 3 {
+				err = errors.New("the second submission's run was not stored while Redis was held")
+			}
 		}
 		sc.s.Queues()
 		done <- err
@@ -534,16 +623,29 @@ func TestRedisAdmissionNeverHoldsTheLock(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-	case <-time.After(3 * time.Second): // a failure bound: Redis is held until letGo
+	case <-time.After(3 * time.Second): // a failure bound: Redis is held until Resume
 		t.Fatal("the scheduler's lock was held while an admission waited on Redis")
 	}
 	select {
 	case d := <-w.arrived:
 		t.Fatalf("run %s delivered while Redis was held back: the test proved nothing", d.body)
+	case rc := <-receipts:
+		t.Fatalf("receipt %+v before Redis answered", rc)
 	default:
 	}
 	proxy.Resume()
-	sc.waitStatus(held, "COMPLETED")
+	for range 2 {
+		select {
+		case rc := <-receipts:
+			if rc.Status != "RUNNING" || rc.Control != nil {
+				t.Fatalf("receipt %+v once Redis answered, want RUNNING", rc)
+			}
+		case <-time.After(10 * time.Second): // a failure bound
+			t.Fatal("no receipt once Redis answered")
+		}
+	}
+	sc.waitStatus("2", "COMPLETED")
+	sc.waitStatus("3", "COMPLETED")
 }
 
 // A definition's shared pool is taken in the same op as the lane: two
