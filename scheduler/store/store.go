@@ -108,7 +108,7 @@ type Run struct {
 	IdempotencyKey string
 	Input          []byte
 	Output         []byte
-	Reason         string // reason_for_incompletion of the last failure
+	Reason         string // reason_for_incompletion of the last failure; cleared by the next admission
 	Control        string // the control that ended or delayed the run (timeout, retry_budget)
 	CreatedAt      int64
 	QueuedAt       int64 // when it last entered the queue (creation or the end of a retry wait)
@@ -158,7 +158,9 @@ func (r *Run) admit(a Admission) int64 {
 	r.Attempt++
 	r.StartedAt = a.At
 	r.PoolID, r.WindowStart = a.PoolID, a.WindowStart
-	r.RetryAt, r.Control, r.Output = 0, "", nil
+	// The failure that sent it back to the queue is the previous
+	// attempt's: a running attempt has no reason for incompletion.
+	r.RetryAt, r.Control, r.Output, r.Reason = 0, "", nil, ""
 	return retryAt
 }
 
@@ -199,7 +201,7 @@ type Store interface {
 	Update(ctx context.Context, r *Run, from Statuses) error
 	// Start records an admission: a QUEUED run becomes STARTING for its
 	// next attempt (Attempt+1, StartedAt, the pool window of its rate slot;
-	// RetryAt, Control and Output cleared) and is returned whole, in one
+	// RetryAt, Control, Output and Reason cleared) and is returned whole, in one
 	// operation. The returned RetryAt is the value it had while QUEUED:
 	// non-zero when the run came back from a retry wait. ErrConflict when
 	// the run is not QUEUED.

@@ -319,8 +319,11 @@ func recordClaims(ctx context.Context, tx pgx.Tx, req ClaimRequest, admitted []a
 	var permitSems []string
 	var permitSeqs []int64
 	for _, a := range admitted {
+		// As Start: the reason, control and output of the previous attempt
+		// (a failure, a lease that expired) go, so a run delivered again
+		// is not shown RUNNING with a reason for incompletion.
 		b.Queue(`UPDATE warden_runs SET status = 2, attempt = attempt + 1, started_at = $2,
-				pool_id = $3, window_start = $4, retry_at = 0, control = '', output = NULL, owner = $5, lease_until = $6
+				pool_id = $3, window_start = $4, retry_at = 0, control = '', output = NULL, reason = '', owner = $5, lease_until = $6
 			WHERE seq = $1 RETURNING `+runCols, a.seq, req.Now, a.poolID, a.winStart, req.Owner, until)
 		if a.winStart != 0 {
 			slots[[2]any{a.poolID, a.winStart}]++

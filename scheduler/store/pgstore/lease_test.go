@@ -150,8 +150,16 @@ func TestSweep(t *testing.T) {
 	// The dead sidecar's permits are free: the live one gets both erp runs
 	// that are queued (its own and the requeued one) and the rated one.
 	req2.Now = base + 3*sec
-	if got := mustClaim(t, s, req2); len(got) != 3 {
+	got := mustClaim(t, s, req2)
+	if len(got) != 3 {
 		t.Fatalf("after the sweep the live sidecar claimed %d runs, want 3", len(got))
+	}
+	// Delivered again, they no longer show why the last attempt ended.
+	for _, r := range got {
+		stored, _ := s.Get(bg, r.Seq)
+		if r.Reason != "" || stored.Reason != "" {
+			t.Errorf("run %d claimed again: reason %q (stored %q), want none", r.Seq, r.Reason, stored.Reason)
+		}
 	}
 	// A live owner renewing keeps its runs past the first lease.
 	if n, err := s.Renew(bg, "live", base+10*sec); err != nil || n != 3 {

@@ -316,8 +316,10 @@ func (s *Store) Start(ctx context.Context, seq uint64, a store.Admission) (store
 	if err := s.check(); err != nil {
 		return store.Run{}, err
 	}
+	// Reason is cleared with control and output: they describe the
+	// previous attempt, not the one starting (store.Store.Start).
 	q := `UPDATE warden_runs w SET status = 2, attempt = w.attempt + 1, started_at = $2, pool_id = $3, window_start = $4,
-			retry_at = 0, control = '', output = NULL
+			retry_at = 0, control = '', output = NULL, reason = ''
 		FROM (SELECT seq AS old_seq, retry_at AS old_retry FROM warden_runs WHERE seq = $1) old
 		WHERE w.seq = old.old_seq AND w.status = 1
 		RETURNING ` + runCols + `, old.old_retry`

@@ -146,7 +146,9 @@ func start(t *testing.T, f Factory) {
 	s := f.Open(t)
 	defer s.Close()
 	r := newRun("sync", 1)
-	r.RetryAt, r.Control, r.Attempt = 77, "timeout", 1
+	// Queued again after a failed attempt: its reason is the failure's,
+	// which the next attempt must not show while it runs.
+	r.RetryAt, r.Control, r.Attempt, r.Reason = 77, "timeout", 1, "HTTP 503 Service Unavailable: busy"
 	if _, err := s.Submit(ctx, r); err != nil {
 		t.Fatal(err)
 	}
@@ -155,11 +157,11 @@ func start(t *testing.T, f Factory) {
 		t.Fatal(err)
 	}
 	if got.Seq != r.Seq || got.Status != store.Starting || got.Attempt != 2 || got.StartedAt != 500 || got.PoolID != "cap:x" ||
-		got.WindowStart != 60 || got.RetryAt != 77 || got.Control != "" || string(got.Input) != `{"i":1}` {
+		got.WindowStart != 60 || got.RetryAt != 77 || got.Control != "" || got.Reason != "" || string(got.Input) != `{"i":1}` {
 		t.Fatalf("Start returned %+v", got)
 	}
 	stored, _ := s.Get(ctx, r.Seq)
-	if stored.Status != store.Starting || stored.RetryAt != 0 || stored.Attempt != 2 {
+	if stored.Status != store.Starting || stored.RetryAt != 0 || stored.Attempt != 2 || stored.Reason != "" {
 		t.Fatalf("stored after Start: %+v", stored)
 	}
 	if _, err := s.Start(ctx, r.Seq, store.Admission{At: 600}); !errors.Is(err, store.ErrConflict) {
