@@ -166,8 +166,10 @@ func (s *Scheduler) Submit(ctx context.Context, req SubmitRequest) (Receipt, boo
 	s.launch(started)
 	if sh != nil && rc.Control != nil {
 		// The shared queue's gates, not this sidecar's index, hold it.
-		control := s.sharedControl(ctx, r.Name, r.Key, now)
-		rc.Control = &control
+		rc.Control = nil
+		if control := s.sharedControl(ctx, r.Name, r.Key, now); control != "" {
+			rc.Control = &control
+		}
 	}
 	if rc.Control != nil && s.m != nil {
 		s.m.Rejections.WithLabelValues(*rc.Control, "run:"+r.Name).Inc()

@@ -386,8 +386,9 @@ func (s *Scheduler) sharedSemaphores(now time.Time) []SemaphoreState {
 
 // sharedControl names the control holding a waiting run in the shared
 // queue, in the order the in-process admitter names them: the run's own
-// gates (key, semaphores, pool), then the shared ones. A run nothing holds
-// is waiting for its turn in the lanes.
+// gates (key, semaphores, pool), then the shared ones; "" when no gate is
+// full (the run waits only for a claim loop, or behind runs that will take
+// the lanes left).
 func (s *Scheduler) sharedControl(ctx context.Context, name, key string, now time.Time) string {
 	cfg := s.cfgPtr.Load()
 	if cfg == nil {
@@ -413,8 +414,13 @@ func (s *Scheduler) sharedControl(ctx context.Context, name, key string, now tim
 		return ControlPoolRate
 	case h.Worker && !h.Lanes:
 		return ControlWorker
+	case h.Lanes:
+		return ControlLanes
 	}
-	return ControlLanes
+	// No gate is full: the run only waits for a claim loop to take it, a
+	// moment away, and naming a gate would send the reader (and the
+	// rejection metric) after one that holds nothing (SPEC §4).
+	return ""
 }
 
 // sharedControls fills in the control of every waiting run of views from
@@ -432,6 +438,10 @@ func (s *Scheduler) sharedControls(ctx context.Context, views []RunView, now tim
 		if !ok {
 			c = s.sharedControl(ctx, v.Name, v.Key, now)
 			seen[k] = c
+		}
+		if c == "" {
+			v.Control = nil
+			continue
 		}
 		v.Control = &c
 	}

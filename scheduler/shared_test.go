@@ -332,7 +332,13 @@ func TestSharedStoreControlsAndWindowBoundary(t *testing.T) {
 		withStore(st), withLease(2*time.Second), withFakeClock())
 	var jobs []string
 	for i := range 3 {
-		jobs = append(jobs, h.submit(fmt.Sprintf(`{"name":"job","input":{"i":%d}}`, i)).ID)
+		rc := h.submit(fmt.Sprintf(`{"name":"job","input":{"i":%d}}`, i))
+		jobs = append(jobs, rc.ID)
+		// The first two find every gate open: they wait only for the
+		// claim loop, which no control names and no rejection counts.
+		if i < 2 && (rc.Status != "QUEUED" || rc.Control != nil) {
+			t.Fatalf("receipt %d with every gate open: %s control %s, want QUEUED and no control", i, rc.Status, deref(rc.Control))
+		}
 	}
 	h.waitStatus(jobs[0], "COMPLETED")
 	h.waitStatus(jobs[1], "COMPLETED")
@@ -358,6 +364,17 @@ func TestSharedStoreControlsAndWindowBoundary(t *testing.T) {
 	h.waitStatus(jobs[2], "COMPLETED")
 	if v := h.get(second.ID); v.Status != "QUEUED" {
 		t.Fatalf("the key's second run is %s while the first still runs", v.Status)
+	}
+	// Receipts count what held them: the key's second run, and never lanes
+	// that were not full. (Whether the third job's receipt saw the pool's
+	// window full depends on how soon the claim loop took the first two.)
+	for _, tc := range []struct {
+		control, def string
+		want         float64
+	}{{ControlKey, "keyed", 1}, {ControlLanes, "job", 0}, {ControlLanes, "keyed", 0}} {
+		if got := value(h.m.Rejections.WithLabelValues(tc.control, "run:"+tc.def)); got != tc.want {
+			t.Errorf("warden_rejections_total{%s,run:%s} = %v, want %v", tc.control, tc.def, got, tc.want)
+		}
 	}
 }
 
