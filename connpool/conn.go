@@ -89,12 +89,15 @@ func (s *sender) Write(p []byte) (int, error) {
 
 // alive reports whether an idle connection can still carry a request: the
 // upstream has neither closed it nor sent anything unasked (a 408, a TLS
-// close_notify). It peeks at the socket without blocking (see peek_*.go).
+// close_notify). It peeks at the socket without blocking; where it cannot,
+// a connection the upstream closed is found out by the exchange that picks
+// it.
 func (c *Conn) alive() bool {
 	if c.br.Buffered() > 0 {
 		return false
 	}
-	return peekIdle(c.raw)
+	p := rawio.Peek(c.raw)
+	return p == rawio.PeekNothing || p == rawio.PeekUnknown
 }
 
 func (c *Conn) close() { _ = c.nc.Close() }

@@ -348,6 +348,14 @@ func (r *rawClient) untilReady() (byte, *pgproto3.ErrorResponse) {
 // the connection to end.
 func (r *rawClient) fatal(code string) *pgproto3.ErrorResponse {
 	r.t.Helper()
+	e := r.errorResponse(code)
+	r.closed()
+	return e
+}
+
+// errorResponse reads until an ErrorResponse, which must carry code.
+func (r *rawClient) errorResponse(code string) *pgproto3.ErrorResponse {
+	r.t.Helper()
 	for {
 		msg, err := r.fe.Receive()
 		if err != nil {
@@ -357,8 +365,7 @@ func (r *rawClient) fatal(code string) *pgproto3.ErrorResponse {
 			if e.Code != code {
 				r.t.Fatalf("ErrorResponse %s %q, want code %s", e.Code, e.Message, code)
 			}
-			got := *e
-			r.closed()
+			got := *e // Receive reuses its messages
 			return &got
 		}
 	}
@@ -419,17 +426,6 @@ func (r *runs) end(id string) {
 // the bridge to close it (as libpq does after a FATAL).
 func (r *rawClient) hangUpAfter(code string) {
 	r.t.Helper()
-	for {
-		msg, err := r.fe.Receive()
-		if err != nil {
-			r.t.Fatalf("connection ended without an ErrorResponse %s: %v", code, err)
-		}
-		if e, ok := msg.(*pgproto3.ErrorResponse); ok {
-			if e.Code != code {
-				r.t.Fatalf("ErrorResponse %s %q, want code %s", e.Code, e.Message, code)
-			}
-			_ = r.c.Close()
-			return
-		}
-	}
+	r.errorResponse(code)
+	_ = r.c.Close()
 }

@@ -97,20 +97,3 @@ func opError(op string, c *net.TCPConn, err error) error {
 	}
 	return err
 }
-
-// PeerGone reports, without waiting or consuming anything, whether the
-// peer of c has closed or reset the connection: what a proxy asks after a
-// failed exchange, so that a client that gave up is not blamed on the
-// upstream. Data the peer sent meanwhile (a pipelined request) means it is
-// still there. False when c is not a TCP connection, or off Linux.
-func PeerGone(c net.Conn) bool {
-	sc, ok := c.(syscall.Conn)
-	if !ok {
-		return false
-	}
-	rc, err := sc.SyscallConn()
-	if err != nil {
-		return false
-	}
-	return peerGone(rc)
-}

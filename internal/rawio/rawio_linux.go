@@ -174,22 +174,3 @@ func (o *op) writeThenWait(fd uintptr) bool {
 	}
 	return true // no room, or a failed call: Write finishes or reports it
 }
-
-// peerGone peeks at the socket without waiting: end of stream or a reset
-// means the peer has gone; data or nothing yet means it is still there.
-func peerGone(rc syscall.RawConn) bool {
-	gone := false
-	rc.Control(func(fd uintptr) {
-		var b [1]byte
-		for {
-			n, _, e := syscall.RawSyscall6(syscall.SYS_RECVFROM, fd, uintptr(unsafe.Pointer(&b[0])), 1,
-				syscall.MSG_PEEK|syscall.MSG_DONTWAIT, 0, 0)
-			if e == syscall.EINTR {
-				continue
-			}
-			gone = e == 0 && n == 0 || e == syscall.ECONNRESET || e == syscall.EPIPE
-			return
-		}
-	})
-	return gone
-}

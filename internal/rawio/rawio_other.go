@@ -11,6 +11,3 @@ import (
 func wrap(tc *net.TCPConn, _ syscall.RawConn) net.Conn { return tc }
 
 func writeAwaitingReply(c net.Conn, p []byte) (int, error) { return c.Write(p) }
-
-// Elsewhere a peer is never known to have gone before a read finds out.
-func peerGone(syscall.RawConn) bool { return false }

@@ -389,56 +389,56 @@ func TestWriteAwaitingReply(t *testing.T) {
 	}
 }
 
-func TestPeerGone(t *testing.T) {
+func TestPeek(t *testing.T) {
 	tests := []struct {
 		name string
 		peer func(t *testing.T, c net.Conn)
-		want bool
+		want Peeked
 	}{
-		{"open and quiet", func(*testing.T, net.Conn) {}, false},
+		{"open and quiet", func(*testing.T, net.Conn) {}, PeekNothing},
 		{"sent more", func(t *testing.T, c net.Conn) {
 			if _, err := c.Write([]byte("GET / HTTP/1.1\r\n")); err != nil {
 				t.Fatal(err)
 			}
-		}, false},
-		{"closed", func(_ *testing.T, c net.Conn) { c.Close() }, true},
+		}, PeekData},
+		{"closed", func(_ *testing.T, c net.Conn) { c.Close() }, PeekClosed},
 		{"reset", func(_ *testing.T, c net.Conn) {
 			c.(interface{ SetLinger(int) error }).SetLinger(0)
 			c.Close()
-		}, true},
+		}, PeekClosed},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			a, b := pair(t)
 			tt.peer(t, b)
-			if runtime.GOOS != "linux" {
-				tt.want = false
-			}
 			// The peer's segment is on loopback, but give it the time a
-			// busy machine may need before the answer is final.
-			deadline := time.Now().Add(5 * time.Second)
-			got := PeerGone(a)
-			for got != tt.want && time.Now().Before(deadline) {
+			// busy machine may need to arrive.
+			got := Peek(a)
+			for deadline := time.Now().Add(5 * time.Second); got != tt.want && time.Now().Before(deadline); got = Peek(a) {
 				time.Sleep(time.Millisecond)
-				got = PeerGone(a)
 			}
 			if got != tt.want {
-				t.Fatalf("PeerGone = %v, want %v", got, tt.want)
+				t.Fatalf("Peek = %v, want %v", got, tt.want)
 			}
-			if tt.name == "sent more" {
+			if tt.want == PeekData {
 				// Nothing was consumed.
 				buf := make([]byte, 64)
 				n, _ := a.Read(buf)
 				if string(buf[:n]) != "GET / HTTP/1.1\r\n" {
-					t.Fatalf("read %q after PeerGone", buf[:n])
+					t.Fatalf("read %q after Peek", buf[:n])
 				}
 			}
 		})
 	}
+	a, _ := pair(t)
+	a.Close()
+	if got := Peek(a); got != PeekClosed {
+		t.Fatalf("Peek of a connection closed here = %v, want PeekClosed", got)
+	}
 	p1, p2 := net.Pipe()
+	defer p1.Close()
 	defer p2.Close()
-	p1.Close()
-	if PeerGone(p2) {
-		t.Fatal("a connection that is not TCP is never known gone")
+	if got := Peek(p2); got != PeekUnknown {
+		t.Fatalf("Peek of a pipe = %v, want PeekUnknown", got)
 	}
 }

@@ -154,7 +154,7 @@ func (e *Egress) exchange(ctx *fasthttp.RequestCtx, x *exchange, pool *connpool.
 // not retried. It is asked only after a failure: the check is a system
 // call, and a success the client left behind still shows the upstream
 // working.
-func clientGone(ctx *fasthttp.RequestCtx) bool { return rawio.PeerGone(ctx.Conn()) }
+func clientGone(ctx *fasthttp.RequestCtx) bool { return rawio.Peek(ctx.Conn()) == rawio.PeekClosed }
 
 func failureUnless(gone bool) breaker.Outcome {
 	if gone {

@@ -20,10 +20,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/warden-dev/warden/governor"
-	"github.com/warden-dev/warden/governor/backend/redisx"
 	"github.com/warden-dev/warden/governor/clock"
-	"github.com/warden-dev/warden/governor/metrics"
-	"github.com/warden-dev/warden/governor/window"
 	"github.com/warden-dev/warden/internal/fasttest"
 )
 
@@ -563,18 +560,10 @@ func TestFailedRebindBuildsNothing(t *testing.T) {
 func TestBackendDownIsResourceExhausted(t *testing.T) {
 	_, addr := startEcho(t)
 	clk := clock.NewFake(t0)
-	// Port 1 on loopback refuses connections: a real unreachable Redis.
-	down, err := window.NewRedis(window.RedisConfig{Config: redisx.Config{URL: "redis://127.0.0.1:1/0", FailClosed: true}}, clk, nil, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer down.Close()
-	m := metrics.New()
-	g := &fasttest.Governor{Governor: governor.New(clk, m, down), Metrics: m}
-	ctl := g.Load(t, grpcPolicy("  tenant: { header: x-tenant-id, rate: 3, window: 1 }", echoTarget(addr, "")))
+	g, ctl := fasttest.NewGovernorBackendDown(t, clk, grpcPolicy("  tenant: { header: x-tenant-id, rate: 3, window: 1 }", echoTarget(addr, "")))
 	f := startOn(t, clk, g, ctl)
 	var trailer metadata.MD
-	_, err = f.call(context.Background(), "hi", grpc.Trailer(&trailer))
+	_, err := f.call(context.Background(), "hi", grpc.Trailer(&trailer))
 	st := status.Convert(err)
 	if st.Code() != codes.ResourceExhausted || strings.Join(trailer.Get("x-warden-control"), ",") != "upstream" ||
 		!strings.Contains(st.Message(), "backend unreachable") || strings.Contains(st.Message(), "reached") {

@@ -15,11 +15,7 @@ import (
 	"github.com/valyala/fasthttp"
 	"go.uber.org/goleak"
 
-	"github.com/warden-dev/warden/governor"
-	"github.com/warden-dev/warden/governor/backend/redisx"
 	"github.com/warden-dev/warden/governor/clock"
-	"github.com/warden-dev/warden/governor/metrics"
-	"github.com/warden-dev/warden/governor/window"
 	"github.com/warden-dev/warden/internal/fasttest"
 )
 
@@ -250,15 +246,8 @@ func TestTenantCap(t *testing.T) {
 func TestBackendDownRefusesWithUpstream(t *testing.T) {
 	clk := clock.NewFake(t0)
 	worker := fasttest.StartUpstream(t, func(ctx *fasthttp.RequestCtx) {})
-	// Port 1 on loopback refuses connections: a real unreachable Redis.
-	down, err := window.NewRedis(window.RedisConfig{Config: redisx.Config{URL: "redis://127.0.0.1:1/0", FailClosed: true}}, clk, nil, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer down.Close()
-	m := metrics.New()
-	g := &fasttest.Governor{Governor: governor.New(clk, m, down), Metrics: m}
-	ctl := g.Load(t, policyFor(worker.Addr, "  tenant: { header: x-tenant-id, rate: 3, window: 1 }"))
+	g, ctl := fasttest.NewGovernorBackendDown(t, clk, policyFor(worker.Addr, "  tenant: { header: x-tenant-id, rate: 3, window: 1 }"))
+	m := g.Metrics
 	in := New(Options{Clock: clk, Metrics: m})
 	if err := in.Apply(context.Background(), ctl); err != nil {
 		t.Fatal(err)

@@ -1,0 +1,28 @@
+//go:build unix
+
+package rawio
+
+import "syscall"
+
+func peek(rc syscall.RawConn) Peeked {
+	got := PeekUnknown
+	var buf [1]byte
+	err := rc.Read(func(fd uintptr) bool {
+		n, _, errno := syscall.Recvfrom(int(fd), buf[:], syscall.MSG_PEEK|syscall.MSG_DONTWAIT)
+		switch {
+		case n > 0:
+			got = PeekData
+		case n == 0 && errno == nil:
+			got = PeekClosed
+		case errno == syscall.EAGAIN || errno == syscall.EWOULDBLOCK:
+			got = PeekNothing
+		case errno == syscall.ECONNRESET || errno == syscall.EPIPE:
+			got = PeekClosed
+		}
+		return true // never wait for readiness
+	})
+	if err != nil {
+		return PeekClosed // the descriptor is closed: nothing will come
+	}
+	return got
+}
