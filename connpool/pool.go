@@ -170,6 +170,13 @@ func (p *Pool) usable(c *Conn) bool {
 // release returns c after an exchange. reuse is false when the exchange
 // left the connection in an unknown state or the upstream asked to close.
 func (p *Pool) release(c *Conn, reuse bool) {
+	// Bytes already read past the end of the response (a body after a HEAD
+	// answer, more than Content-Length) are nobody's answer: reused, the
+	// connection would hand them to the next client as its response, and
+	// every response after that to the client after. The probe in usable
+	// only runs after a janitor tick, so this is checked here, where it
+	// costs no system call.
+	reuse = reuse && c.br.Buffered() == 0
 	now := p.set.ticks()
 	p.mu.Lock()
 	if reuse && !p.closed && now-c.born < p.lifeTicks {

@@ -617,3 +617,47 @@ func TestEarlyResponse(t *testing.T) {
 		t.Fatalf("status %d body %q err %v", st, got, err)
 	}
 }
+
+// TestBytesPastTheResponseAreNotReused: bytes an upstream sends past the
+// end of a response (a body after a HEAD answer, more than Content-Length)
+// must not be read as the next exchange's response: the connection is
+// closed instead of pooled.
+func TestBytesPastTheResponseAreNotReused(t *testing.T) {
+	const evil = "HTTP/1.1 200 OK\r\nContent-Length: 4\r\n\r\nEVIL"
+	tests := []struct {
+		name, method, junk string
+	}{
+		{"a body after a HEAD answer", "HEAD", "HTTP/1.1 200 OK\r\nContent-Length: 44\r\n\r\n" + evil},
+		{"more than Content-Length", "GET", "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok" + evil},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			addr := rawServer(t, func(c net.Conn, br *bufio.Reader) {
+				for {
+					line, err := br.ReadString('\n')
+					if err != nil || readRequestHead(br) != nil {
+						return
+					}
+					answer := "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"
+					if strings.Contains(line, "/junk") {
+						answer = tt.junk // in one write: in the reader's buffer at once
+					}
+					if _, err := io.WriteString(c, answer); err != nil {
+						return
+					}
+				}
+			})
+			p := newSet(t, clock.Real{}).Pool("t", Config{Addr: addr})
+			h := getRequest(addr, "/junk")
+			h.SetMethod(tt.method)
+			if _, _, err := exchange(t, p, &Request{Header: h}); err != nil {
+				t.Fatal(err)
+			}
+			for i := range 3 {
+				if code, body, err := exchange(t, p, &Request{Header: getRequest(addr, "/")}); err != nil || code != 200 || string(body) != "ok" {
+					t.Fatalf("exchange %d after the stray bytes: %d %q %v", i+1, code, body, err)
+				}
+			}
+		})
+	}
+}
