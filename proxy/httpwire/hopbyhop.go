@@ -24,9 +24,9 @@ func protectedFromConnection(name []byte) bool {
 		equalFold(name, "transfer-encoding") || equalFold(name, "x-request-id")
 }
 
-// maxConnectionValue bounds the Connection value copied aside; longer
-// values are cut (their tail is not honoured), which only leaves extra
-// headers in place.
+// maxConnectionValue is the room kept on the stack for the Connection
+// values; longer ones (rare) are copied to the heap, never cut, since a
+// token left unhonoured would pass a header on.
 const maxConnectionValue = 256
 
 // StripRequest removes the hop-by-hop headers of a request whose raw scan
@@ -84,36 +84,100 @@ type header interface {
 }
 
 // delConnectionTokens removes the Connection header and every header it
-// names.
+// names. A message may carry several Connection lines: they form one list
+// (RFC 9110 §5.3), so the tokens of all of them are collected first.
 func delConnectionTokens(h header) {
 	var buf [maxConnectionValue]byte
-	v := append(buf[:0], h.Peek(fasthttp.HeaderConnection)...)
-	h.Del(fasthttp.HeaderConnection)
-	forEachToken(v, func(tok []byte) {
-		if !protectedFromConnection(tok) {
-			h.DelBytes(tok)
+	v := buf[:0]
+	// Each concrete type is ranged over as itself: through the interface
+	// the loop's closure, and what it captures, would go to the heap.
+	switch h := h.(type) {
+	case *fasthttp.RequestHeader:
+		for k, val := range h.All() {
+			if equalFold(k, "connection") {
+				v = append(append(v, val...), ',')
+			}
 		}
-	})
+	case *fasthttp.ResponseHeader:
+		for k, val := range h.All() {
+			if equalFold(k, "connection") {
+				v = append(append(v, val...), ',')
+			}
+		}
+	}
+	h.Del(fasthttp.HeaderConnection)
+	for len(v) > 0 {
+		var tok []byte
+		tok, v = nextToken(v)
+		if len(tok) > 0 && !protectedFromConnection(tok) {
+			delBytes(h, tok)
+		}
+	}
 }
 
 // delProxyHeaders removes every Proxy-* header. Names are copied aside
-// first because deleting while iterating is undefined; a request with more
-// than 16 of them keeps the rest, which is harmless.
+// first because deleting while iterating is undefined, up to 16 at a time;
+// a message with more takes another pass.
 func delProxyHeaders(h header) {
-	var store [512]byte
-	var ends [16]int
-	buf, n := store[:0], 0
-	for k := range h.All() {
-		if len(k) >= 6 && equalFold(k[:6], "proxy-") && n < len(ends) && len(buf)+len(k) <= cap(buf) {
+	for {
+		var store [512]byte
+		var ends [16]int
+		buf, n, more := store[:0], 0, false
+		var long []byte // a name longer than store, on the heap
+		// take notes name k for deletion; false when this pass is full.
+		take := func(k []byte) bool {
+			if len(k) < 6 || !equalFold(k[:6], "proxy-") {
+				return true
+			}
+			if len(k) > cap(buf) {
+				long, more = append([]byte(nil), k...), true
+				return false
+			}
+			if n == len(ends) || len(buf)+len(k) > cap(buf) {
+				more = true
+				return false
+			}
 			buf = append(buf, k...)
 			ends[n] = len(buf)
 			n++
+			return true
+		}
+		switch h := h.(type) { // concrete, as in delConnectionTokens
+		case *fasthttp.RequestHeader:
+			for k := range h.All() {
+				if !take(k) {
+					break
+				}
+			}
+		case *fasthttp.ResponseHeader:
+			for k := range h.All() {
+				if !take(k) {
+					break
+				}
+			}
+		}
+		start := 0
+		for i := range n {
+			delBytes(h, buf[start:ends[i]])
+			start = ends[i]
+		}
+		if long != nil {
+			delBytes(h, long)
+		}
+		if !more {
+			return
 		}
 	}
-	start := 0
-	for i := range n {
-		h.DelBytes(buf[start:ends[i]])
-		start = ends[i]
+}
+
+// delBytes deletes header name through h's concrete type: through the
+// interface, name (a slice of a stack buffer) would escape to the heap.
+func delBytes(h header, name []byte) {
+	switch h := h.(type) {
+	case *fasthttp.RequestHeader:
+		h.DelBytes(name)
+	case *fasthttp.ResponseHeader:
+		h.DelBytes(name)
 	}
 }
 
@@ -163,17 +227,21 @@ func StripResponse(h *fasthttp.ResponseHeader) (upstreamClose bool) {
 // trimmed of whitespace; empty elements are skipped.
 func forEachToken(v []byte, f func(tok []byte)) {
 	for len(v) > 0 {
-		i := bytes.IndexByte(v, ',')
 		var tok []byte
-		if i < 0 {
-			tok, v = v, nil
-		} else {
-			tok, v = v[:i], v[i+1:]
-		}
-		if tok = trimOWS(tok); len(tok) > 0 {
+		if tok, v = nextToken(v); len(tok) > 0 {
 			f(tok)
 		}
 	}
+}
+
+// nextToken splits the first element off a comma-separated list, trimmed
+// of whitespace (empty for an empty element). A loop over it keeps the list
+// on the stack, where a callback taking its tokens would not.
+func nextToken(v []byte) (tok, rest []byte) {
+	if i := bytes.IndexByte(v, ','); i >= 0 {
+		return trimOWS(v[:i]), v[i+1:]
+	}
+	return trimOWS(v), nil
 }
 
 // hasToken reports whether the comma-separated list v holds tok (any case),

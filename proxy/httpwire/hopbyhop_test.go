@@ -2,6 +2,7 @@ package httpwire
 
 import (
 	"bufio"
+	"fmt"
 	"iter"
 	"strings"
 	"testing"
@@ -60,6 +61,23 @@ func TestStripRequest(t *testing.T) {
 			name: "TE trailers survives",
 			raw:  "GET / HTTP/1.1\r\nHost: a\r\nTE: deflate, trailers;q=1\r\n\r\n",
 			kept: map[string]string{"TE": "trailers"},
+		},
+		{
+			name: "several connection lines form one list",
+			raw:  "GET / HTTP/1.1\r\nHost: a\r\nConnection: keep-alive\r\nConnection: X-Second\r\nX-Second: leaked\r\nX-Keep: 3\r\n\r\n",
+			gone: []string{"connection", "x-second"},
+			kept: map[string]string{"X-Keep": "3"},
+		},
+		{
+			name: "a connection list longer than the stack room",
+			raw:  "GET / HTTP/1.1\r\nHost: a\r\nConnection: " + strings.Repeat("x-pad, ", 60) + "X-Last\r\nX-Last: leaked\r\n\r\n",
+			gone: []string{"connection", "x-last"},
+		},
+		{
+			name: "more proxy headers than one pass holds",
+			raw:  "GET / HTTP/1.1\r\nHost: a\r\n" + manyProxyHeaders(20) + "Proxy-" + strings.Repeat("l", 600) + ": 1\r\nProxy-Authorization: Basic c2VjcmV0\r\nX-Keep: 3\r\n\r\n",
+			gone: []string{"proxy-authorization", "proxy-x00", "proxy-x19", "proxy-" + strings.Repeat("l", 600)},
+			kept: map[string]string{"X-Keep": "3"},
 		},
 		{
 			name: "connection close is not forwarded",
@@ -175,5 +193,35 @@ func BenchmarkStripRequest(b *testing.B) {
 		}
 		s, _ := ScanRequestHeaders(req.Header.RawHeaders(), "")
 		StripRequest(&req.Header, s.Fields)
+	}
+}
+
+func manyProxyHeaders(n int) string {
+	var b strings.Builder
+	for i := range n {
+		fmt.Fprintf(&b, "Proxy-X%02d: %d\r\n", i, i)
+	}
+	return b.String()
+}
+
+// TestStripRequestAllocatesNothing: clients that send Connection or
+// Proxy-Connection on every request stay on the allocation-free path.
+func TestStripRequestAllocatesNothing(t *testing.T) {
+	raw := "GET / HTTP/1.1\r\nHost: a\r\nConnection: keep-alive, X-Hop\r\nX-Hop: 1\r\nProxy-Connection: keep-alive\r\nKeep-Alive: 5\r\n\r\n"
+	req := parseRequest(t, raw)
+	s, err := ScanRequestHeaders(req.Header.RawHeaders(), "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var h fasthttp.RequestHeader
+	allocs := testing.AllocsPerRun(200, func() {
+		req.Header.CopyTo(&h)
+		StripRequest(&h, s.Fields)
+	})
+	if allocs != 0 {
+		t.Fatalf("%.1f allocations per request, want 0", allocs)
+	}
+	if len(h.Peek("X-Hop")) != 0 || len(h.Peek("Proxy-Connection")) != 0 {
+		t.Fatalf("not stripped:\n%s", h.Header())
 	}
 }
