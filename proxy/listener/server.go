@@ -12,12 +12,12 @@ const idleTimeout = 90 * time.Second
 
 // ProxyServer returns a fasthttp server configured to pass messages on
 // rather than to originate them: bodies streamed (StreamRequestBody), no
-// Server, Date or default Content-Type added, no multipart parsing, 8 KiB
+// Server, Date or default Content-Type added (no Name either: fasthttp
+// sends a set Name as Server even with NoDefaultServerHeader), no multipart parsing, 8 KiB
 // of request head at most (larger heads get 431).
 func ProxyServer(h fasthttp.RequestHandler, log *slog.Logger) *fasthttp.Server {
 	return &fasthttp.Server{
 		Handler:                      h,
-		Name:                         "warden",
 		ReadBufferSize:               8 << 10,
 		IdleTimeout:                  idleTimeout,
 		StreamRequestBody:            true,

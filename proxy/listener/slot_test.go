@@ -400,3 +400,20 @@ func TestSlot(t *testing.T) {
 		}
 	}
 }
+
+// TestProxyServerAddsNoServerHeader: a response passed on without a Server
+// header goes out without one.
+func TestProxyServerAddsNoServerHeader(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := ProxyServer(func(ctx *fasthttp.RequestCtx) { ctx.WriteString("ok") }, slog.New(slog.DiscardHandler))
+	done := make(chan struct{})
+	go func() { defer close(done); _ = s.Serve(ln) }()
+	defer func() { _ = s.Shutdown(); _ = ln.Close(); <-done }()
+	head := fasttest.RawHead(t, ln.Addr().String(), "GET / HTTP/1.1\r\nHost: a\r\n\r\n")
+	if strings.Contains(strings.ToLower(head), "\nserver:") {
+		t.Fatalf("a Server header was added:\n%s", head)
+	}
+}
