@@ -18,6 +18,8 @@ import (
 	"github.com/valyala/fasthttp"
 
 	"github.com/warden-dev/warden/internal/fasttest"
+	"github.com/warden-dev/warden/internal/loopback"
+	"github.com/warden-dev/warden/proxy/forward"
 )
 
 func TestAbsoluteFormAndHopByHop(t *testing.T) {
@@ -314,4 +316,48 @@ func openTunnel(t *testing.T, addr, far string) (net.Conn, *bufio.Reader) {
 		t.Fatalf("CONNECT: %v %v", resp, err)
 	}
 	return c, br
+}
+
+// TestHTTP10ClientGetsALength: through the egress, an HTTP/1.0 client gets
+// a chunked response with a Content-Length, or, past forward.HTTP10BodyMax,
+// a 502 saying why.
+func TestHTTP10ClientGetsALength(t *testing.T) {
+	// A raw upstream, since fasthttp's own would frame its answer to an
+	// HTTP/1.0 request with a length.
+	addr := loopback.Serve(t, func(c net.Conn) {
+		br := bufio.NewReader(c)
+		line, err := br.ReadString('\n')
+		for err == nil {
+			var l string
+			if l, err = br.ReadString('\n'); l == "\r\n" {
+				break
+			}
+		}
+		n := 100_000
+		if strings.Contains(line, "/big") {
+			n = forward.HTTP10BodyMax + 1
+		}
+		bw := bufio.NewWriter(c)
+		bw.WriteString("HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n")
+		chunk := strings.Repeat("x", 10_000)
+		for n > 0 {
+			k := min(n, len(chunk))
+			fmt.Fprintf(bw, "%x\r\n%s\r\n", k, chunk[:k])
+			n -= k
+		}
+		bw.WriteString("0\r\n\r\n")
+		bw.Flush()
+	})
+	f := start(t, egressPolicy("  allow_unlisted: false", "targets:\n"+target("api", []string{"api.test"}, "http://"+addr, "")), nil)
+	resp, body := fasttest.Raw(t, f.addr, "GET http://api.test/ HTTP/1.0\r\nHost: api.test\r\n\r\n")
+	if resp.StatusCode != 200 || resp.ContentLength != 100_000 || len(resp.TransferEncoding) != 0 || len(body) != 100_000 {
+		t.Fatalf("HTTP/1.0: %d length %d encoding %v, %d bytes", resp.StatusCode, resp.ContentLength, resp.TransferEncoding, len(body))
+	}
+	resp, body = fasttest.Raw(t, f.addr, "GET http://api.test/big HTTP/1.0\r\nHost: api.test\r\n\r\n")
+	if resp.StatusCode != 502 || resp.Header.Get("X-Warden-Control") != "upstream" || !strings.Contains(string(body), "HTTP/1.0 client") {
+		t.Fatalf("HTTP/1.0, too long: %d %v, %d bytes", resp.StatusCode, resp.Header, len(body))
+	}
+	fasttest.WaitFor(t, "the 502 recorded", func() bool {
+		return fasttest.Value(f.gov.Metrics.Requests.WithLabelValues("egress", "api", "502")) == 1
+	})
 }

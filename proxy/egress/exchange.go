@@ -140,6 +140,13 @@ func (e *Egress) exchange(ctx *fasthttp.RequestCtx, x *exchange, pool *connpool.
 			if !again {
 				if !streamed {
 					x.done()
+					return
+				}
+				// x is done once the stream is closed: only ctx is used
+				// after this.
+				name := r.Name
+				if _, err := forward.FrameForHTTP10(ctx, &x.code); err != nil {
+					respond.Upstream(ctx, name, err)
 				}
 				return
 			}

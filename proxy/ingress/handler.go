@@ -176,5 +176,10 @@ func (g *Ingress) forward(ctx *fasthttp.RequestCtx, rt *policyState, f httpwire.
 	x.code = ctx.Response.StatusCode()
 	if !streamed {
 		x.done()
+		return
+	}
+	// x is done once the stream is closed: only ctx is used after this.
+	if _, err := forward.FrameForHTTP10(ctx, &x.code); err != nil {
+		respond.Upstream(ctx, "worker", err)
 	}
 }

@@ -606,3 +606,32 @@ func TestFailedRebindKeepsWorkerPool(t *testing.T) {
 		t.Fatal("the worker pool no longer keeps its connections")
 	}
 }
+
+// TestHTTP10ClientGetsALength: a response of unknown length goes to an
+// HTTP/1.0 client with a Content-Length (it does not know chunked), and to
+// an HTTP/1.1 client chunked as before.
+func TestHTTP10ClientGetsALength(t *testing.T) {
+	body := strings.Repeat("0123456789", 10_000) // 100 kB, streamed
+	f := start(t, "", func(ctx *fasthttp.RequestCtx) {
+		ctx.SetBodyStream(strings.NewReader(body), -1) // chunked
+	})
+	tests := []struct{ name, req, framing string }{
+		{"HTTP/1.0", "GET / HTTP/1.0\r\nHost: w\r\n\r\n", "content-length: 100000"},
+		{"HTTP/1.1", "GET / HTTP/1.1\r\nHost: w\r\nConnection: close\r\n\r\n", "transfer-encoding: chunked"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			head := strings.ToLower(fasttest.RawHead(t, f.addr, tt.req))
+			if !strings.Contains(head, tt.framing) {
+				t.Fatalf("want %q in:\n%s", tt.framing, head)
+			}
+			if tt.name == "HTTP/1.0" && strings.Contains(head, "transfer-encoding") {
+				t.Fatalf("an HTTP/1.0 client was sent Transfer-Encoding:\n%s", head)
+			}
+			resp, got := fasttest.Raw(t, f.addr, tt.req)
+			if resp.StatusCode != 200 || string(got) != body {
+				t.Fatalf("status %d, %d bytes of body, want 200 and %d", resp.StatusCode, len(got), len(body))
+			}
+		})
+	}
+}
