@@ -70,11 +70,14 @@ func TestLostStartingWriteRequeuesTheRun(t *testing.T) {
 		t.Fatalf("first delivery %s attempt %s", d.id, d.attempt)
 	}
 	(<-st.pending)(errors.New("disk on fire"))
+	// The failure is handled on its own goroutine: wait for the run to be
+	// back in the queue before the worker answers the abandoned delivery,
+	// or that answer could complete the run first (a flake seen once in CI).
+	h.waitUntil("the run back in the queue", func(s *Scheduler) bool { return s.running == 0 })
 	g.release(run.ID)
 	// As after any failed admission write, the next event (here a
 	// submission) retries, rather than a pass that would spin on a broken
 	// store.
-	h.waitUntil("the run back in the queue", func(s *Scheduler) bool { return s.running == 0 })
 	next := h.submit(`{"name":"job"}`)
 	if d := w.next(t); d.id != run.ID || d.attempt != "1" {
 		t.Fatalf("after the lost write: delivery %s attempt %s, want %s again with attempt 1", d.id, d.attempt, run.ID)
