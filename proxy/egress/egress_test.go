@@ -361,3 +361,21 @@ func TestHTTP10ClientGetsALength(t *testing.T) {
 		return fasttest.Value(f.gov.Metrics.Requests.WithLabelValues("egress", "api", "502")) == 1
 	})
 }
+
+// TestOptionsWithoutPathIsAsteriskForm: RFC 9112 §3.2.4 — an absolute-form
+// OPTIONS with no path goes upstream as "OPTIONS *"; with a path, as is.
+func TestOptionsWithoutPathIsAsteriskForm(t *testing.T) {
+	up := fasttest.StartUpstream(t, func(ctx *fasthttp.RequestCtx) { ctx.Write(ctx.RequestURI()) })
+	f := start(t, egressPolicy("  allow_unlisted: true", ""), nil)
+	tests := []struct{ target, want string }{
+		{"http://" + up.Addr, "*"},
+		{"http://" + up.Addr + "/", "/"},
+		{"http://" + up.Addr + "?q=1", "/?q=1"},
+	}
+	for _, tt := range tests {
+		resp, body := fasttest.Raw(t, f.addr, "OPTIONS "+tt.target+" HTTP/1.1\r\nHost: "+up.Addr+"\r\nConnection: close\r\n\r\n")
+		if resp.StatusCode != 200 || string(body) != tt.want {
+			t.Errorf("OPTIONS %s: %d, upstream saw %q, want %q", tt.target, resp.StatusCode, body, tt.want)
+		}
+	}
+}

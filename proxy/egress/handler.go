@@ -102,6 +102,12 @@ func (e *Egress) serve(ctx *fasthttp.RequestCtx) {
 
 // setOrigin makes an absolute-form target origin-form for the upstream.
 func setOrigin(h *fasthttp.RequestHeader, origin []byte) {
+	if len(origin) == 0 && h.IsOptions() {
+		// RFC 9112 §3.2.4: an OPTIONS for the server as a whole
+		// (http://host with no path) goes on in asterisk-form.
+		h.SetRequestURI("*")
+		return
+	}
 	if len(origin) == 0 || origin[0] == '?' {
 		var b [1]byte
 		b[0] = '/'
