@@ -4,6 +4,7 @@
 package forward
 
 import (
+	"bytes"
 	"errors"
 	"io"
 	"sync"
@@ -50,6 +51,7 @@ func (b *Body) Prepare(ctx *fasthttp.RequestCtx, req *connpool.Request, keep int
 	h.SetNoDefaultContentType(true)
 	if !ctx.Request.IsBodyStream() {
 		req.Body = ctx.Request.Body()
+		dropTrailers(h)
 		return true, nil
 	}
 	stream := ctx.RequestBodyStream()
@@ -77,6 +79,7 @@ func (b *Body) Prepare(ctx *fasthttp.RequestCtx, req *connpool.Request, keep int
 		}
 		if len(data) <= max(keep, ChunkPreread) {
 			h.SetContentLength(len(data))
+			dropTrailers(h)
 			req.Body = data
 			return true, nil
 		}
@@ -84,6 +87,33 @@ func (b *Body) Prepare(ctx *fasthttp.RequestCtx, req *connpool.Request, keep int
 		req.Stream = &b.prefix
 		return false, nil
 	}
+}
+
+// dropTrailers forgets the trailer fields fasthttp read at the end of a
+// chunked body. The body goes on with a Content-Length, which has no
+// trailer section; left announced, they would go out as a Trailer header
+// naming fields that never follow. Their values are dropped rather than
+// merged into the header section: a field meant for after the body may
+// not be safe before it (RFC 9110 §6.5.1).
+func dropTrailers(h *fasthttp.RequestHeader) {
+	announced := h.Peek(fasthttp.HeaderTrailer)
+	if len(announced) == 0 {
+		return
+	}
+	var buf [256]byte
+	names := append(buf[:0], announced...)
+	for len(names) > 0 {
+		var name []byte
+		if i := bytes.IndexByte(names, ','); i >= 0 {
+			name, names = names[:i], names[i+1:]
+		} else {
+			name, names = names, nil
+		}
+		if name = bytes.TrimSpace(name); len(name) > 0 {
+			h.DelBytes(name)
+		}
+	}
+	h.Del(fasthttp.HeaderTrailer)
 }
 
 // read reads from r until EOF or limit bytes, into the pooled buffer.

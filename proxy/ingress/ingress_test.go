@@ -635,3 +635,22 @@ func TestHTTP10ClientGetsALength(t *testing.T) {
 		})
 	}
 }
+
+// TestRequestTrailersDropped: a chunked request's trailer fields are
+// dropped, and the request the worker gets announces none.
+func TestRequestTrailersDropped(t *testing.T) {
+	f := start(t, "", echoHeaders)
+	resp, body := fasttest.Raw(t, f.addr, "POST / HTTP/1.1\r\nHost: w\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n"+
+		"3\r\nabc\r\n0\r\nX-Trailer: tv\r\n\r\n")
+	if resp.StatusCode != 200 {
+		t.Fatalf("status %d: %s", resp.StatusCode, body)
+	}
+	for _, gone := range []string{"trailer:", "x-trailer:"} {
+		if strings.Contains(string(body), "\n"+gone) || strings.HasPrefix(string(body), gone) {
+			t.Errorf("the worker saw %q:\n%s", gone, body)
+		}
+	}
+	if !strings.Contains(string(body), "content-length: 3") {
+		t.Errorf("the body did not go on with its length:\n%s", body)
+	}
+}
