@@ -78,7 +78,7 @@ func (g *Governor) Apply(p *policy.Policy) *Controls {
 	if p.Egress != nil {
 		c.EgressCaps = tenant.New("egress", p.Egress.Tenant, p.Egress.Tenants, g.counter)
 	}
-	leaders := policy.BreakerLeaders(p.Targets)
+	leaders := p.BreakerLeaders()
 	claimed := map[*breaker.Breaker]bool{}
 	members := map[*gaugeSet][]prometheus.Gauge{}
 	for i, t := range p.Targets {
@@ -92,16 +92,15 @@ func (g *Governor) Apply(p *policy.Policy) *Controls {
 		nt := g.buildTarget(t, prev, leader, c.Pools, claimed)
 		c.Targets[t.Name] = nt
 		if g.m != nil {
-			members[nt.gauges] = append(members[nt.gauges], g.m.BreakerState.WithLabelValues(t.Name))
+			gauge := g.m.BreakerState.WithLabelValues(t.Name)
+			gauge.Set(float64(nt.Breaker.State()))
+			members[nt.gauges] = append(members[nt.gauges], gauge)
 		}
 	}
+	// Each breaker's state changes now move the gauges of the targets
+	// that share it under this policy.
 	for set, gauges := range members {
 		set.p.Store(&gauges)
-	}
-	for _, t := range c.Targets {
-		if g.m != nil {
-			g.m.BreakerState.WithLabelValues(t.Config.Name).Set(float64(t.Breaker.State()))
-		}
 	}
 	if old != nil && g.m != nil {
 		for name := range old.Targets {

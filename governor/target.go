@@ -40,7 +40,7 @@ func (s *gaugeSet) set(v float64) {
 // buildTarget makes t's controls, keeping prev's breaker and retry budget
 // when their settings did not change, so a reload does not close an open
 // breaker or forget the retries of the last five minutes. A target that
-// shares a host with an earlier one (policy.BreakerLeaders) gets leader's
+// shares a host with an earlier one (Policy.BreakerLeaders) gets leader's
 // breaker; claimed holds the breakers already kept, so that targets which
 // stop sharing do not keep sharing one by way of their old state.
 func (g *Governor) buildTarget(t policy.Target, prev, leader *Target, pools *pool.Set, claimed map[*breaker.Breaker]bool) *Target {

@@ -7,7 +7,7 @@ import (
 	"strings"
 )
 
-// BreakerLeaders says which target's breaker each target uses: SPEC §4 has
+// breakerLeaders says which target's breaker each target uses: SPEC §4 has
 // HTTP targets that send to the same host share one breaker, since a host
 // that is failing fails for every target that reaches it. leaders[i] is the
 // index of the first target, in file order, whose breaker target i shares;
@@ -18,7 +18,7 @@ import (
 // A target sends to its upstream's host:port when it has an upstream, else
 // to the hosts it lists; a listed host without a port stands for every port
 // of that host. Sharing is transitive.
-func BreakerLeaders(targets []Target) []int {
+func breakerLeaders(targets []Target) []int {
 	leaders := make([]int, len(targets))
 	dests := make([][]dest, len(targets))
 	for i, t := range targets {
@@ -27,8 +27,7 @@ func BreakerLeaders(targets []Target) []int {
 			dests[i] = destinations(t)
 		}
 	}
-	var find func(int) int
-	find = func(i int) int {
+	find := func(i int) int {
 		for leaders[i] != i {
 			i = leaders[i]
 		}
@@ -98,7 +97,7 @@ func overlap(a, b []dest) bool {
 // force, and only the operator knows which were meant.
 func breakerWarnings(p *Policy) []Issue {
 	var out []Issue
-	for i, l := range BreakerLeaders(p.Targets) {
+	for i, l := range p.leaders {
 		if l == i {
 			continue
 		}

@@ -46,7 +46,7 @@ func TestBreakerLeaders(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if got := BreakerLeaders(p.Targets); !slices.Equal(got, tc.want) {
+			if got := p.BreakerLeaders(); !slices.Equal(got, tc.want) {
 				t.Fatalf("leaders %v, want %v", got, tc.want)
 			}
 		})

@@ -74,8 +74,8 @@ func Parse(file string, data []byte) (*Policy, error) {
 	if errs := d.errors(); len(errs) > 0 {
 		return nil, errs
 	}
-	p.Warnings = append(capKeyWarnings(p), breakerWarnings(p)...)
 	p.buildIndexes()
+	p.Warnings = append(capKeyWarnings(p), breakerWarnings(p)...)
 	sum := sha256.Sum256(data)
 	p.Source = file
 	p.Hash = hex.EncodeToString(sum[:])
@@ -93,6 +93,7 @@ func (p *Policy) buildIndexes() {
 	for i, t := range p.Targets {
 		p.targetIdx[t.Name] = i
 	}
+	p.leaders = breakerLeaders(p.Targets)
 }
 
 // decoder walks yaml.v3 nodes into the schema structs, driven by their yaml

@@ -53,6 +53,7 @@ type Policy struct {
 	Warnings  []Issue    `yaml:"-"` // non-fatal findings (cap_key and shared-breaker mismatches)
 	poolIndex map[string]int
 	targetIdx map[string]int
+	leaders   []int // breakerLeaders(Targets), built with the indexes
 }
 
 // Admin is the admin listener.
@@ -260,3 +261,9 @@ func (p *Policy) TargetByName(name string) (Target, bool) {
 	}
 	return p.Targets[i], true
 }
+
+// BreakerLeaders says, for each target, which target's breaker it uses:
+// leaders[i] is the index of the first target, in file order, that sends
+// to a host target i sends to (i itself when none does). See
+// breakerLeaders. The slice is the policy's own: do not modify it.
+func (p *Policy) BreakerLeaders() []int { return p.leaders }
