@@ -112,11 +112,11 @@ func (e *Egress) exchange(ctx *fasthttp.RequestCtx, x *exchange, pool *connpool.
 				x.done()
 				return
 			}
-			gone := clientGone(ctx)
-			ticket.Done(failureUnless(gone))
+			outcome := blame(ctx, breaker.Failure)
+			ticket.Done(outcome)
 			x.code = respond.Upstream(ctx, r.Name, err)
 			_, control := respond.UpstreamStatus(err)
-			if retryable && control != respond.ControlTimeout && !gone {
+			if retryable && control != respond.ControlTimeout && outcome == breaker.Failure {
 				ticket, again = e.retry(ctx, x, attempt, err.Error())
 			}
 			if !again {
@@ -126,11 +126,7 @@ func (e *Egress) exchange(ctx *fasthttp.RequestCtx, x *exchange, pool *connpool.
 			}
 		} else {
 			status := ctx.Response.StatusCode()
-			outcome := breaker.ClassifyHTTP(status)
-			gone := outcome == breaker.Failure && clientGone(ctx)
-			if gone {
-				outcome = breaker.Neutral
-			}
+			outcome := blame(ctx, breaker.ClassifyHTTP(status))
 			ticket.Done(outcome)
 			httpwire.StripResponse(&ctx.Response.Header)
 			x.code = status
@@ -142,11 +138,10 @@ func (e *Egress) exchange(ctx *fasthttp.RequestCtx, x *exchange, pool *connpool.
 					x.done()
 					return
 				}
-				// x is done once the stream is closed: only ctx is used
-				// after this.
-				name := r.Name
-				if _, err := forward.FrameForHTTP10(ctx, &x.code); err != nil {
-					respond.Upstream(ctx, name, err)
+				// x is done once the stream is closed: only ctx and r
+				// are used after this.
+				if err := forward.FrameForHTTP10(ctx, &x.code); err != nil {
+					respond.Upstream(ctx, r.Name, err)
 				}
 				return
 			}
@@ -154,20 +149,17 @@ func (e *Egress) exchange(ctx *fasthttp.RequestCtx, x *exchange, pool *connpool.
 	}
 }
 
-// clientGone reports whether the client closed its connection while the
-// upstream was being asked. The breaker counts what the upstream did, and a
-// failure the client did not wait for (its own timeout, a cancelled call)
-// says as much about the client as about the upstream, so it is neutral and
-// not retried. It is asked only after a failure: the check is a system
-// call, and a success the client left behind still shows the upstream
-// working.
-func clientGone(ctx *fasthttp.RequestCtx) bool { return rawio.Peek(ctx.Conn()) == rawio.PeekClosed }
-
-func failureUnless(gone bool) breaker.Outcome {
-	if gone {
+// blame is the breaker's outcome of an attempt: o, unless o is a failure
+// the client did not wait for (it closed its connection while the upstream
+// was being asked: its own timeout, a cancelled call). That says as much
+// about the client as about the upstream, so it is neutral, and not
+// retried. Only failures are checked: the check is a system call, and a
+// success the client left behind still shows the upstream working.
+func blame(ctx *fasthttp.RequestCtx, o breaker.Outcome) breaker.Outcome {
+	if o == breaker.Failure && rawio.Peek(ctx.Conn()) == rawio.PeekClosed {
 		return breaker.Neutral
 	}
-	return breaker.Failure
+	return o
 }
 
 // sendsIdempotencyKey reports whether the request, as stripped for the

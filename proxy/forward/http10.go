@@ -18,12 +18,12 @@ const HTTP10BodyMax = 8 << 20
 // whole, up to HTTP10BodyMax, and sent with a Content-Length. A longer or
 // broken one becomes a 502 saying why, and *code (the status the exchange
 // records when its stream is closed) says 502 too. The stream is closed
-// either way, which ends the upstream exchange. It reports whether it
-// replaced the stream, and the reason of a 502.
-func FrameForHTTP10(ctx *fasthttp.RequestCtx, code *int) (bool, error) {
+// either way, which ends the upstream exchange. It returns the reason of
+// a 502, which the caller writes.
+func FrameForHTTP10(ctx *fasthttp.RequestCtx, code *int) error {
 	resp := &ctx.Response
 	if ctx.Request.Header.IsHTTP11() || !resp.IsBodyStream() || resp.Header.ContentLength() >= 0 {
-		return false, nil
+		return nil
 	}
 	body, err := io.ReadAll(io.LimitReader(resp.BodyStream(), HTTP10BodyMax+1))
 	switch {
@@ -37,8 +37,8 @@ func FrameForHTTP10(ctx *fasthttp.RequestCtx, code *int) (bool, error) {
 	}
 	_ = resp.CloseBodyStream() // ends the exchange: *code is recorded now
 	if err != nil {
-		return true, err
+		return err
 	}
 	resp.SetBody(body)
-	return true, nil
+	return nil
 }

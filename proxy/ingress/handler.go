@@ -179,7 +179,7 @@ func (g *Ingress) forward(ctx *fasthttp.RequestCtx, rt *policyState, f httpwire.
 		return
 	}
 	// x is done once the stream is closed: only ctx is used after this.
-	if _, err := forward.FrameForHTTP10(ctx, &x.code); err != nil {
+	if err := forward.FrameForHTTP10(ctx, &x.code); err != nil {
 		respond.Upstream(ctx, "worker", err)
 	}
 }
