@@ -116,57 +116,34 @@ func delConnectionTokens(h header) {
 }
 
 // delProxyHeaders removes every Proxy-* header. Names are copied aside
-// first because deleting while iterating is undefined, up to 16 at a time;
-// a message with more takes another pass.
+// first because deleting while iterating is undefined; the room on the
+// stack holds the usual few, and more (rare) grow onto the heap.
 func delProxyHeaders(h header) {
-	for {
-		var store [512]byte
-		var ends [16]int
-		buf, n, more := store[:0], 0, false
-		var long []byte // a name longer than store, on the heap
-		// take notes name k for deletion; false when this pass is full.
-		take := func(k []byte) bool {
-			if len(k) < 6 || !equalFold(k[:6], "proxy-") {
-				return true
-			}
-			if len(k) > cap(buf) {
-				long, more = append([]byte(nil), k...), true
-				return false
-			}
-			if n == len(ends) || len(buf)+len(k) > cap(buf) {
-				more = true
-				return false
-			}
-			buf = append(buf, k...)
-			ends[n] = len(buf)
-			n++
-			return true
-		}
-		switch h := h.(type) { // concrete, as in delConnectionTokens
-		case *fasthttp.RequestHeader:
-			for k := range h.All() {
-				if !take(k) {
-					break
-				}
-			}
-		case *fasthttp.ResponseHeader:
-			for k := range h.All() {
-				if !take(k) {
-					break
-				}
+	var store [512]byte
+	var endStore [16]int
+	names, ends := store[:0], endStore[:0]
+	// Each concrete type is ranged over as itself, as in
+	// delConnectionTokens.
+	switch h := h.(type) {
+	case *fasthttp.RequestHeader:
+		for k := range h.All() {
+			if len(k) >= 6 && equalFold(k[:6], "proxy-") {
+				names = append(names, k...)
+				ends = append(ends, len(names))
 			}
 		}
-		start := 0
-		for i := range n {
-			delBytes(h, buf[start:ends[i]])
-			start = ends[i]
+	case *fasthttp.ResponseHeader:
+		for k := range h.All() {
+			if len(k) >= 6 && equalFold(k[:6], "proxy-") {
+				names = append(names, k...)
+				ends = append(ends, len(names))
+			}
 		}
-		if long != nil {
-			delBytes(h, long)
-		}
-		if !more {
-			return
-		}
+	}
+	start := 0
+	for _, end := range ends {
+		delBytes(h, names[start:end])
+		start = end
 	}
 }
 
