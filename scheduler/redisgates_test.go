@@ -142,24 +142,31 @@ func gatedByBody(t *testing.T) (*worker, *gates) {
 	return w, g
 }
 
+// redisPair is two sidecars with the scheduler section sched, sharing
+// their gates through one Redis prefix and one gatedByBody worker, whose
+// gates open before the sidecars shut down.
+func redisPair(t *testing.T, sched string) (a, b *redisSidecar, w *worker, g *gates) {
+	url := testenv.RedisURL(t)
+	prefix := redistest.Prefix(t, url)
+	w, g = gatedByBody(t)
+	a = newRedisSidecar(t, url, prefix, clock.Real{}, false, w.srv.URL, sched)
+	b = newRedisSidecar(t, url, prefix, clock.Real{}, false, w.srv.URL, sched)
+	t.Cleanup(g.openAll)
+	return a, b, w, g
+}
+
 // A submission through shared gates is answered as the memory backend
 // answers it (SPEC §4, §6): a run every gate admits at once is RUNNING
 // with no control and counts no rejection; a run that waits names the
 // gate that holds it — a semaphore held on another sidecar, the lanes
 // held across both — and counts one rejection under that control only.
 func TestRedisSubmitNamesItsControl(t *testing.T) {
-	url := testenv.RedisURL(t)
-	prefix := redistest.Prefix(t, url)
-	w, g := gatedByBody(t)
-	sched := `
+	other, sc, w, g := redisPair(t, `
   lanes: 3
   semaphores: { erp: 1 }
   definitions:
     job: {}
-    sem: { semaphores: [erp] }`
-	other := newRedisSidecar(t, url, prefix, clock.Real{}, false, w.srv.URL, sched)
-	sc := newRedisSidecar(t, url, prefix, clock.Real{}, false, w.srv.URL, sched)
-	t.Cleanup(g.openAll) // before the sidecars shut down
+    sem: { semaphores: [erp] }`)
 
 	steps := []struct {
 		name    string
@@ -279,18 +286,12 @@ func TestRedisLanesThreeSchedulers(t *testing.T) {
 // on the other sidecar's permits names control semaphore, and GET
 // /v1/semaphores on either sidecar counts the permits both hold.
 func TestRedisSemaphoreAcrossSchedulers(t *testing.T) {
-	url := testenv.RedisURL(t)
-	prefix := redistest.Prefix(t, url)
-	w, g := gatedByBody(t)
-	sched := `
+	s1, s2, w, g := redisPair(t, `
   lanes: 10
   semaphores: { erp: 2 }
   definitions:
     a: { semaphores: [erp] }
-    b: { semaphores: [erp] }`
-	s1 := newRedisSidecar(t, url, prefix, clock.Real{}, false, w.srv.URL, sched)
-	s2 := newRedisSidecar(t, url, prefix, clock.Real{}, false, w.srv.URL, sched)
-	t.Cleanup(g.openAll) // before the sidecars shut down
+    b: { semaphores: [erp] }`)
 
 	// Two of a's runs take both permits on s1; then b's runs on s2 wait
 	// although s2 itself holds none.
@@ -783,16 +784,11 @@ func TestRedisStopAbandonsRunningLanes(t *testing.T) {
 // own lanes are free and the shared ones are not (another sidecar holds
 // them).
 func TestRedisLanesKeepPriorityOrder(t *testing.T) {
-	url := testenv.RedisURL(t)
-	prefix := redistest.Prefix(t, url)
-	w, g := gatedByBody(t)
-	sched := `
+	other, sc, w, g := redisPair(t, `
   lanes: 3
   definitions:
     lo: { priority: 0 }
-    hi: { priority: 5 }`
-	other := newRedisSidecar(t, url, prefix, clock.Real{}, false, w.srv.URL, sched)
-	sc := newRedisSidecar(t, url, prefix, clock.Real{}, false, w.srv.URL, sched)
+    hi: { priority: 5 }`)
 	for i := range 2 {
 		other.submit("lo", fmt.Sprintf(`{"n":"other%d"}`, i))
 		w.next(t)

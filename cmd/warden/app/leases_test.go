@@ -16,6 +16,7 @@ import (
 	"github.com/warden-dev/warden/governor/clock"
 	"github.com/warden-dev/warden/internal/testenv"
 	"github.com/warden-dev/warden/proxy/egress"
+	"github.com/warden-dev/warden/proxy/ingress"
 )
 
 // upstream is an HTTP server that counts what reaches it: requests in
@@ -41,6 +42,15 @@ func newUpstream(t *testing.T, hold time.Duration) *upstream {
 	}))
 	t.Cleanup(u.Close)
 	return u
+}
+
+func (in *instance) ingressAddr() string {
+	for _, c := range in.components {
+		if g, ok := c.(*ingress.Ingress); ok {
+			return g.Addr()
+		}
+	}
+	return ""
 }
 
 func (in *instance) egressAddr() string {

@@ -12,7 +12,6 @@ import (
 
 	"github.com/warden-dev/warden/governor/clock"
 	"github.com/warden-dev/warden/internal/fasttest"
-	"github.com/warden-dev/warden/proxy/ingress"
 	"github.com/warden-dev/warden/scheduler"
 )
 
@@ -23,13 +22,7 @@ import (
 // means 413). The ingress and the scheduler must not disagree on the
 // limit, so this goes through the app that wires them together.
 func TestRunsAPIBodyLimit(t *testing.T) {
-	delivered := make(chan string, 8)
-	worker := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		io.Copy(io.Discard, r.Body)
-		delivered <- r.Header.Get("x-run-id")
-		w.WriteHeader(http.StatusAccepted) // completed through the API
-	}))
-	defer worker.Close()
+	worker, delivered := acceptingWorker(t)
 	a := startApp(t, fmt.Sprintf(`version: 1
 admin: { listen: "127.0.0.1:0" }
 ingress: { listen: "127.0.0.1:0", worker: %q }
@@ -39,12 +32,7 @@ scheduler:
   definitions:
     job: {}
 `, worker.URL), "", clock.Real{})
-	var addr string
-	for _, c := range a.components {
-		if g, ok := c.(*ingress.Ingress); ok {
-			addr = g.Addr()
-		}
-	}
+	addr := a.ingressAddr()
 	base := "http://" + addr + "/v1/runs"
 
 	// body is a submit or complete body of n bytes in all.
@@ -131,6 +119,19 @@ scheduler:
 			}
 		})
 	}
+}
+
+// acceptingWorker is a worker that takes every run delivered to it (202:
+// the run is completed through the API) and reports its id.
+func acceptingWorker(t *testing.T) (*httptest.Server, <-chan string) {
+	delivered := make(chan string, 8)
+	worker := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.Copy(io.Discard, r.Body)
+		delivered <- r.Header.Get("x-run-id")
+		w.WriteHeader(http.StatusAccepted)
+	}))
+	t.Cleanup(worker.Close)
+	return worker, delivered
 }
 
 // submitAccepted submits a run and waits until the worker has it.

@@ -6,14 +6,12 @@ import (
 	"io"
 	"net"
 	"net/http"
-	"net/http/httptest"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/warden-dev/warden/governor/clock"
-	"github.com/warden-dev/warden/proxy/ingress"
 	"github.com/warden-dev/warden/scheduler/store/pgstore/pgtest"
 )
 
@@ -96,12 +94,7 @@ func TestPostgresRunStore(t *testing.T) {
 	q.Set("connect_timeout", "2")
 	u.RawQuery = q.Encode()
 
-	accepted := make(chan string, 4)
-	worker := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		accepted <- r.Header.Get("x-run-id")
-		w.WriteHeader(http.StatusAccepted) // the worker keeps it: it holds its permit
-	}))
-	defer worker.Close()
+	worker, accepted := acceptingWorker(t) // the worker keeps the run: it holds its permit
 	a := startApp(t, fmt.Sprintf(`version: 1
 admin: { listen: "127.0.0.1:0" }
 ingress: { listen: "127.0.0.1:0", worker: %q }
@@ -113,16 +106,10 @@ scheduler:
     job: { semaphores: [erp] }
 `, worker.URL, u.String()), "", clock.Real{})
 	admin := "http://" + a.AdminAddr()
-	var ing *ingress.Ingress
-	for _, c := range a.components {
-		if g, ok := c.(*ingress.Ingress); ok {
-			ing = g
-		}
-	}
 	if code, body := getStatus(t, admin+"/readyz"); code != 200 {
 		t.Fatalf("/readyz with Postgres up: %d %s", code, body)
 	}
-	resp, err := http.Post("http://"+ing.Addr()+"/v1/runs", "application/json", strings.NewReader(`{"name":"job"}`))
+	resp, err := http.Post("http://"+a.ingressAddr()+"/v1/runs", "application/json", strings.NewReader(`{"name":"job"}`))
 	if err != nil {
 		t.Fatal(err)
 	}
