@@ -112,16 +112,11 @@ func breakerWarnings(p *Policy) []Issue {
 }
 
 func breakerDiffs(a, b CircuitBreaker) string {
-	var diffs []string
-	add := func(name string, x, y any) {
-		if x != y {
-			diffs = append(diffs, fmt.Sprintf("%s %v vs %v", name, x, y))
-		}
-	}
-	add("failure_ratio", a.FailureRatio, b.FailureRatio)
-	add("minimum_requests", a.MinimumRequests, b.MinimumRequests)
-	add("window", a.Window, b.Window)
-	add("open", a.Open, b.Open)
-	add("max_open", a.MaxOpen, b.MaxOpen)
-	return strings.Join(diffs, ", ")
+	var d settingDiffs
+	d.add("failure_ratio", a.FailureRatio, b.FailureRatio)
+	d.add("minimum_requests", a.MinimumRequests, b.MinimumRequests)
+	d.add("window", a.Window, b.Window)
+	d.add("open", a.Open, b.Open)
+	d.add("max_open", a.MaxOpen, b.MaxOpen)
+	return d.String()
 }

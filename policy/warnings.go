@@ -18,24 +18,31 @@ func capKeyWarnings(p *Policy) []Issue {
 			continue
 		}
 		for _, a := range members[b.CapKey] {
-			var diffs []string
-			diff := func(name string, x, y int) {
-				if x != y {
-					diffs = append(diffs, fmt.Sprintf("%s %d vs %d", name, x, y))
-				}
-			}
-			diff("concurrency", a.Concurrency, b.Concurrency)
-			diff("rate", a.Rate, b.Rate)
-			diff("window", int(a.Window), int(b.Window))
-			diff("queue", a.Queue, b.Queue)
-			if len(diffs) == 0 {
+			var d settingDiffs
+			d.add("concurrency", a.Concurrency, b.Concurrency)
+			d.add("rate", a.Rate, b.Rate)
+			d.add("window", int(a.Window), int(b.Window))
+			d.add("queue", a.Queue, b.Queue)
+			if len(d) == 0 {
 				continue
 			}
 			out = append(out, Issue{Pos: b.Pos, Message: fmt.Sprintf(
 				"%s: shares cap_key %q with %s (line %d) but their settings differ (%s); members of a cap_key share one counter and one concurrency limit",
-				child("pools", b.Name), b.CapKey, child("pools", a.Name), a.Pos.Line, strings.Join(diffs, ", "))})
+				child("pools", b.Name), b.CapKey, child("pools", a.Name), a.Pos.Line, d)})
 		}
 		members[b.CapKey] = append(members[b.CapKey], b)
 	}
 	return out
 }
+
+// settingDiffs lists the settings two members of a shared control
+// disagree on, as "name x vs y".
+type settingDiffs []string
+
+func (d *settingDiffs) add(name string, x, y any) {
+	if x != y {
+		*d = append(*d, fmt.Sprintf("%s %v vs %v", name, x, y))
+	}
+}
+
+func (d settingDiffs) String() string { return strings.Join(d, ", ") }
