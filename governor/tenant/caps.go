@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/warden-dev/warden/governor/window"
+	"github.com/warden-dev/warden/internal/jsonstr"
 	"github.com/warden-dev/warden/policy"
 )
 
@@ -134,14 +135,14 @@ func (r Result) Quota() string { return "tenant:" + string(r.Tenant) }
 func (r Result) AppendBody(dst []byte, now time.Time) []byte {
 	if r.Unavailable {
 		dst = append(dst, `{"control":"`+ControlUpstream+`","quota":`...)
-		dst = strconv.AppendQuote(dst, r.Quota())
+		dst = jsonstr.Append(dst, r.Quota())
 		dst = append(dst, `,"limit":`...)
 		dst = strconv.AppendInt(dst, r.Limit, 10)
 		dst = append(dst, `,"retryAfterSeconds":1}`...)
 		return dst
 	}
 	dst = append(dst, `{"control":"`+Control+`","quota":`...)
-	dst = strconv.AppendQuote(dst, r.Quota())
+	dst = jsonstr.Append(dst, r.Quota())
 	dst = append(dst, `,"limit":`...)
 	dst = strconv.AppendInt(dst, r.Limit, 10)
 	dst = append(dst, `,"current":`...)

@@ -3,6 +3,7 @@ package tenant
 import (
 	"encoding/json"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -90,6 +91,31 @@ func TestRejectionBody(t *testing.T) {
 	}
 	if got := r.Remaining(); got != 0 {
 		t.Fatalf("remaining %d", got)
+	}
+}
+
+// A tenant header may carry any byte (Latin-1, control characters); the
+// 429 body must stay JSON whatever the tenant is called.
+func TestRejectionBodyIsJSONForAnyTenant(t *testing.T) {
+	for _, tenant := range []string{"caf\xe9", "bell\a", "del\x7f", "quote\"back\\", "\U000f0000"} {
+		clk := clock.NewFake(t0)
+		c := newCaps(clk)
+		var r Result
+		for i := 0; i < 6; i++ {
+			r = c.Check([]byte(tenant), clk.Now())
+		}
+		for _, unavailable := range []bool{false, true} {
+			r.Unavailable = unavailable
+			body := r.AppendBody(nil, clk.Now())
+			var v struct{ Quota string }
+			if err := json.Unmarshal(body, &v); err != nil {
+				t.Errorf("tenant %q (unavailable %v): body %s is not JSON: %v", tenant, unavailable, body, err)
+				continue
+			}
+			if want := strings.ToValidUTF8("tenant:"+tenant, "\ufffd"); v.Quota != want {
+				t.Errorf("tenant %q: quota %q, want %q", tenant, v.Quota, want)
+			}
+		}
 	}
 }
 

@@ -14,6 +14,7 @@ import (
 	"github.com/warden-dev/warden/governor/breaker"
 	"github.com/warden-dev/warden/governor/pool"
 	"github.com/warden-dev/warden/governor/tenant"
+	"github.com/warden-dev/warden/internal/jsonstr"
 )
 
 // HeaderControl names the control that refused or shaped a response.
@@ -82,7 +83,7 @@ func Breaker(ctx *fasthttp.RequestCtx, target string, retryAfter time.Duration) 
 	begin(ctx, fasthttp.StatusServiceUnavailable, ControlBreaker)
 	setInt(&ctx.Response.Header, fasthttp.HeaderRetryAfter, secs)
 	body := append(make([]byte, 0, 96), `{"control":"circuit_breaker","target":`...)
-	body = strconv.AppendQuote(body, target)
+	body = jsonstr.Append(body, target)
 	body = append(body, `,"retryAfterSeconds":`...)
 	body = strconv.AppendInt(body, secs, 10)
 	ctx.Response.SetBodyRaw(append(body, '}'))
@@ -97,11 +98,11 @@ func Pool(ctx *fasthttp.RequestCtx, rej *pool.Rejection, target string) {
 	begin(ctx, fasthttp.StatusTooManyRequests, rej.Control)
 	setInt(&ctx.Response.Header, fasthttp.HeaderRetryAfter, secs)
 	body := append(make([]byte, 0, 128), `{"control":`...)
-	body = strconv.AppendQuote(body, rej.Control)
+	body = jsonstr.Append(body, rej.Control)
 	body = append(body, `,"pool":`...)
-	body = strconv.AppendQuote(body, rej.Pool)
+	body = jsonstr.Append(body, rej.Pool)
 	body = append(body, `,"target":`...)
-	body = strconv.AppendQuote(body, target)
+	body = jsonstr.Append(body, target)
 	body = append(body, `,"retryAfterSeconds":`...)
 	body = strconv.AppendInt(body, secs, 10)
 	ctx.Response.SetBodyRaw(append(body, '}'))
@@ -124,11 +125,11 @@ func Upstream(ctx *fasthttp.RequestCtx, target string, err error) int {
 	status, control := UpstreamStatus(err)
 	begin(ctx, status, control)
 	body := append(make([]byte, 0, 160), `{"control":`...)
-	body = strconv.AppendQuote(body, control)
+	body = jsonstr.Append(body, control)
 	body = append(body, `,"target":`...)
-	body = strconv.AppendQuote(body, target)
+	body = jsonstr.Append(body, target)
 	body = append(body, `,"error":`...)
-	body = strconv.AppendQuote(body, err.Error())
+	body = jsonstr.Append(body, err.Error())
 	ctx.Response.SetBodyRaw(append(body, '}'))
 	return status
 }
@@ -138,7 +139,7 @@ func Upstream(ctx *fasthttp.RequestCtx, target string, err error) int {
 func Unlisted(ctx *fasthttp.RequestCtx, host []byte) {
 	begin(ctx, fasthttp.StatusForbidden, ControlUnlisted)
 	body := append(make([]byte, 0, 128), `{"control":"allow_unlisted","host":`...)
-	body = strconv.AppendQuote(body, string(host))
+	body = jsonstr.Append(body, string(host))
 	body = append(body, `,"error":"no target lists this host and egress.allow_unlisted is false"}`...)
 	ctx.Response.SetBodyRaw(body)
 }
@@ -150,7 +151,7 @@ func Unlisted(ctx *fasthttp.RequestCtx, host []byte) {
 func Error(ctx *fasthttp.RequestCtx, status int, msg string) {
 	begin(ctx, status, "")
 	body := append(make([]byte, 0, 64+len(msg)), `{"error":`...)
-	body = strconv.AppendQuote(body, msg)
+	body = jsonstr.Append(body, msg)
 	ctx.Response.SetBodyRaw(append(body, '}'))
 	if status == fasthttp.StatusBadRequest || status == fasthttp.StatusRequestEntityTooLarge {
 		ctx.SetConnectionClose()

@@ -2,6 +2,7 @@ package rls
 
 import (
 	"strconv"
+	"strings"
 
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -84,7 +85,7 @@ func compile(p *policy.RLS, m *metrics.Metrics) *config {
 		if s := scopes[k][w]; s != nil {
 			return s
 		}
-		s := window.NewScope("rls:"+dom+":"+key, w)
+		s := window.NewScope(scopeName(dom, key), w)
 		scopes[k][w] = s
 		return s
 	}
@@ -98,7 +99,7 @@ func compile(p *policy.RLS, m *metrics.Metrics) *config {
 			}
 			var l *limit
 			if e.Rate > 0 {
-				l = &limit{rate: int64(e.Rate), scope: scope(name, e.Key, e.Window), quota: "rls:" + name + ":" + e.Key + "="}
+				l = &limit{rate: int64(e.Rate), scope: scope(name, e.Key, e.Window), quota: scopeName(name, e.Key) + "="}
 				l.current = &rlspb.RateLimitResponse_RateLimit{Name: e.Key, RequestsPerUnit: uint32(e.Rate), Unit: unit(e.Window)}
 				l.limitHeader = &corev3.HeaderValue{Key: HeaderLimit, Value: strconv.Itoa(e.Rate)}
 			}
@@ -115,6 +116,16 @@ func compile(p *policy.RLS, m *metrics.Metrics) *config {
 	}
 	return c
 }
+
+// scopeName names the windows of a domain's key: "rls:edge:tenant". A
+// domain or key may hold the separators, so they are percent-escaped in
+// both: domain "x" key "y:z" and domain "x:y" key "z" must not share a
+// count, nor key "k=v" value "w" and key "k" value "v=w" a quota name.
+func scopeName(domain, key string) string {
+	return "rls:" + nameEscaper.Replace(domain) + ":" + nameEscaper.Replace(key)
+}
+
+var nameEscaper = strings.NewReplacer("%", "%25", ":", "%3A", "=", "%3D")
 
 // match returns the limit of a descriptor entry: the entry for its value if
 // there is one, else the key's; nil when the key is not limited or the

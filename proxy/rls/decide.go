@@ -14,6 +14,7 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/warden-dev/warden/governor/window"
+	"github.com/warden-dev/warden/internal/jsonstr"
 )
 
 // Control names RLS refusals carry (SPEC §4). A domain's windows are
@@ -106,7 +107,9 @@ func decide(cfg *config, counter window.Counter, req *rlspb.RateLimitRequest, no
 	hits := int64(max(req.GetHitsAddend(), 1))
 	for i, d := range descs {
 		n := hits
-		if h := d.GetHitsAddend(); h != nil && h.GetValue() > 0 {
+		if h := d.GetHitsAddend(); h != nil {
+			// Set, it overrides the request's, and 0 asks without
+			// counting (Envoy's "check only").
 			n = int64(min(h.GetValue(), math.MaxInt32))
 		}
 		for _, e := range d.GetEntries() {
@@ -246,7 +249,7 @@ func (c *call) body(j int, now time.Time) []byte {
 	b = append(b, `{"control":"`...)
 	b = append(b, c.control(j)...)
 	b = append(b, `","quota":`...)
-	b = strconv.AppendQuote(b, c.lims[j].quota+string(c.wants[j].Key))
+	b = jsonstr.Append(b, c.lims[j].quota+string(c.wants[j].Key))
 	b = append(b, `,"limit":`...)
 	b = strconv.AppendInt(b, c.lims[j].rate, 10)
 	b = append(b, `,"retryAfterSeconds":`...)

@@ -2,6 +2,7 @@ package rls
 
 import (
 	"context"
+	"encoding/json"
 	"net"
 	"strings"
 	"testing"
@@ -271,6 +272,87 @@ func TestHitsAddend(t *testing.T) {
 		}
 		if resp := r.call(2, desc("tenant", "acme")); resp.OverallCode != rlspb.RateLimitResponse_OK || resp.Statuses[0].LimitRemaining != 0 {
 			t.Fatalf("after a refund of 2: %v", resp)
+		}
+	})
+}
+
+// A descriptor's own hits_addend of 0 asks without counting (Envoy's
+// "check only"); the request-level field's 0 still means 1.
+func TestDescriptorHitsZeroChecksOnly(t *testing.T) {
+	bothCounters(t, func(t *testing.T, kind counterKind) {
+		r := newRig(t, kind, domains)
+		check := desc("tenant", "acme")
+		check.HitsAddend = wrapperspb.UInt64(0)
+		for i := 0; i < 3; i++ {
+			if resp := r.call(0, check); resp.OverallCode != rlspb.RateLimitResponse_OK || resp.Statuses[0].LimitRemaining != 5 {
+				t.Fatalf("check %d on a fresh window: %v", i, resp)
+			}
+		}
+		if resp := r.call(4, desc("tenant", "acme")); resp.Statuses[0].LimitRemaining != 1 {
+			t.Fatalf("4 hits after checks: %v", resp)
+		}
+		if resp := r.call(0, check); resp.OverallCode != rlspb.RateLimitResponse_OK || resp.Statuses[0].LimitRemaining != 1 {
+			t.Fatalf("check with 1 left: %v", resp)
+		}
+		if resp := r.call(0, desc("tenant", "acme")); resp.Statuses[0].LimitRemaining != 0 {
+			t.Fatalf("the last hit: %v", resp)
+		}
+		if resp := r.call(0, check); resp.Statuses[0].LimitRemaining != 0 {
+			t.Fatalf("check on a spent window: %v", resp)
+		}
+	})
+}
+
+// Descriptor values come from requests and may hold any byte: the 429
+// body Envoy sends on must stay JSON.
+func TestBodyIsJSONForAnyValue(t *testing.T) {
+	r := newRig(t, memoryCounter, domains)
+	for _, v := range []string{"a\ab", "a\x7fb", "a\U000f0000b", `q"\`} {
+		for i := 0; i < 3; i++ {
+			r.call(0, desc("tenant", v))
+		}
+		resp := r.call(0, desc("tenant", v))
+		if resp.OverallCode != rlspb.RateLimitResponse_OVER_LIMIT {
+			t.Fatalf("tenant %q: 4th call at rate 3: %v", v, resp)
+		}
+		var body struct{ Quota string }
+		if err := json.Unmarshal(resp.RawBody, &body); err != nil {
+			t.Errorf("tenant %q: body %s is not JSON: %v", v, resp.RawBody, err)
+		}
+	}
+}
+
+// Domain, key and value are joined into one window name; a ':' or '=' in
+// a domain or key must not make two limits share a count.
+func TestNamesWithSeparatorsDoNotCollide(t *testing.T) {
+	bothCounters(t, func(t *testing.T, kind counterKind) {
+		r := newRig(t, kind, `
+rls:
+  listen: 127.0.0.1:0
+  domains:
+    x:
+      - { key: "y:z", rate: 2, window: 60 }
+      - { key: "k=v", rate: 2, window: 60 }
+    "x:y":
+      - { key: z, rate: 2, window: 60 }
+      - { key: k, rate: 2, window: 60 }
+`)
+		call := func(domain, key, value string) *rlspb.RateLimitResponse {
+			resp, err := r.cli.ShouldRateLimit(context.Background(), &rlspb.RateLimitRequest{Domain: domain, Descriptors: []*commonpb.RateLimitDescriptor{desc(key, value)}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			return resp
+		}
+		call("x", "y:z", "v")
+		call("x", "y:z", "v")
+		if resp := call("x:y", "z", "v"); resp.OverallCode != rlspb.RateLimitResponse_OK {
+			t.Errorf("domain x:y key z counted with domain x key y:z: %v", resp)
+		}
+		call("x", "k=v", "w")
+		call("x", "k=v", "w")
+		if resp := call("x", "k", "v=w"); resp.OverallCode != rlspb.RateLimitResponse_OK {
+			t.Errorf("key k value v=w counted with key k=v value w: %v", resp)
 		}
 	})
 }
