@@ -9,6 +9,9 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/redis/go-redis/v9"
 )
 
 // The `check` struct tag carries the rules the decoder applies to a single
@@ -216,34 +219,77 @@ func parsePort(ps string, lowest int) (int, error) {
 // path here would be silently ignored. Connection URLs (redis, postgres)
 // may carry a path, query and user.
 func checkURL(s string, schemes []string, connection bool) error {
+	shown := RedactURL(s)
 	if !strings.Contains(s, "://") && !(connection && strings.HasPrefix(s, "unix:")) {
-		return fmt.Errorf("%q has no scheme (write %s://%s)", s, schemes[0], s)
+		return fmt.Errorf("%q has no scheme (write %s://%s)", shown, schemes[0], shown)
 	}
 	u, err := url.Parse(s)
 	if err != nil {
-		return fmt.Errorf("%q is not a URL", s)
+		return fmt.Errorf("%q is not a URL", shown)
 	}
 	if u.Scheme == "" {
-		return fmt.Errorf("%q has no scheme (write %s://%s)", s, schemes[0], s)
+		return fmt.Errorf("%q has no scheme (write %s://%s)", shown, schemes[0], shown)
 	}
 	if !slices.Contains(schemes, u.Scheme) {
-		return fmt.Errorf("%q: scheme %q is not one of %s", s, u.Scheme, strings.Join(schemes, ", "))
+		return fmt.Errorf("%q: scheme %q is not one of %s", shown, u.Scheme, strings.Join(schemes, ", "))
 	}
 	if connection {
 		return nil
 	}
 	if u.Host == "" || u.Hostname() == "" {
-		return fmt.Errorf("%q has no host", s)
+		return fmt.Errorf("%q has no host", shown)
 	}
 	if p := u.Port(); p != "" {
 		if _, err := parsePort(p, 1); err != nil {
-			return fmt.Errorf("%q: %v", s, err)
+			return fmt.Errorf("%q: %v", shown, err)
 		}
 	}
 	if (u.Path != "" && u.Path != "/") || u.RawQuery != "" || u.Fragment != "" || u.User != nil {
-		return fmt.Errorf("%q must be an origin (scheme://host[:port]) without path, query, user or fragment", s)
+		return fmt.Errorf("%q must be an origin (scheme://host[:port]) without path, query, user or fragment", shown)
 	}
 	return nil
+}
+
+// checkRedisURL parses a backend URL the way the Redis client will, so
+// that what validate accepts, warden run can open (a database number,
+// the options go-redis knows).
+func checkRedisURL(s string) error {
+	if err := checkURL(s, []string{"redis", "rediss", "unix"}, true); err != nil {
+		return err
+	}
+	if _, err := redis.ParseURL(s); err != nil {
+		return fmt.Errorf("%q: %v", RedactURL(s), err)
+	}
+	return nil
+}
+
+// checkPostgresURL parses a run-store URL the way the store will
+// (pgxpool, pool_* parameters included). pgx's errors already hide the
+// password.
+func checkPostgresURL(s string) error {
+	if err := checkURL(s, []string{"postgres", "postgresql"}, true); err != nil {
+		return err
+	}
+	if _, err := pgxpool.ParseConfig(s); err != nil {
+		return fmt.Errorf("%q: %v", RedactURL(s), err)
+	}
+	return nil
+}
+
+// RedactURL is s with the password replaced by xxxxx, for errors and
+// logs: a policy's backend and store URLs may carry credentials, and
+// errors reach the unauthenticated GET /v1/policy. A string that does not
+// parse loses everything between "://" and its last '@'.
+func RedactURL(s string) string {
+	if u, err := url.Parse(s); err == nil {
+		return u.Redacted()
+	}
+	i := strings.Index(s, "://")
+	j := strings.LastIndexByte(s, '@')
+	if i < 0 || j < i {
+		return s
+	}
+	return s[:i+3] + "xxxxx" + s[j:]
 }
 
 // schema is what the decoder needs to know about one struct type.

@@ -62,7 +62,7 @@ func (v *validator) backend() {
 		return
 	}
 	if v.d.ok("backend.url") {
-		if err := checkURL(b.URL, []string{"redis", "rediss", "unix"}, true); err != nil {
+		if err := checkRedisURL(b.URL); err != nil {
 			v.fail("backend.url", "%v", err)
 		}
 	}
@@ -219,7 +219,7 @@ func (v *validator) scheduler() {
 		if !v.d.has("scheduler.store.url") {
 			v.failEntry("scheduler.store", "kind postgres needs url (e.g. postgres://warden@127.0.0.1:5432/warden)")
 		} else if v.d.ok("scheduler.store.url") {
-			if err := checkURL(s.Store.URL, []string{"postgres", "postgresql"}, true); err != nil {
+			if err := checkPostgresURL(s.Store.URL); err != nil {
 				v.fail("scheduler.store.url", "%v", err)
 			}
 		}

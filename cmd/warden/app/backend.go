@@ -91,7 +91,7 @@ func (b *backend) Apply(_ context.Context, c *governor.Controls) error {
 		return nil
 	}
 	if next.Kind != "redis" {
-		b.log.Warn("backend.kind changed to memory: windows are now per sidecar", "previous", b.cur.URL)
+		b.log.Warn("backend.kind changed to memory: windows are now per sidecar", "previous", policy.RedactURL(b.cur.URL))
 		b.cur = next
 		return b.red.Reconfigure(nil)
 	}
@@ -99,7 +99,7 @@ func (b *backend) Apply(_ context.Context, c *governor.Controls) error {
 	if err := b.red.Reconfigure(&cfg); err != nil {
 		return fmt.Errorf("backend: %w", err)
 	}
-	b.log.Info("backend reconfigured", "url", next.URL, "on_error", next.OnError)
+	b.log.Info("backend reconfigured", "url", policy.RedactURL(next.URL), "on_error", next.OnError)
 	b.cur = next
 	return nil
 }

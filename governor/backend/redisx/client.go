@@ -23,6 +23,7 @@ import (
 
 	"github.com/warden-dev/warden/governor/clock"
 	"github.com/warden-dev/warden/governor/metrics"
+	"github.com/warden-dev/warden/policy"
 )
 
 // ErrUnavailable is returned instead of calling Redis while the backend is
@@ -116,7 +117,7 @@ func Open(cfg Config, clk clock.Clock, m *metrics.Metrics, log *slog.Logger) (*C
 	cfg.setDefaults()
 	opt, err := redis.ParseURL(cfg.URL)
 	if err != nil {
-		return nil, fmt.Errorf("backend.url %q: %w", cfg.URL, err)
+		return nil, fmt.Errorf("backend.url %q: %w", policy.RedactURL(cfg.URL), err)
 	}
 	opt.DialTimeout = cfg.DialTimeout
 	opt.ReadTimeout = cfg.ReadTimeout
