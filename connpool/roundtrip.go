@@ -26,11 +26,21 @@ type Request struct {
 	// Deadline that wait is otherwise unbounded, and a server shutting down
 	// must not be held by callers queued behind a full pool. Nil means none.
 	Cancel <-chan struct{}
+	// Whole, when set, is asked with the response's status; when it
+	// answers true, a body of up to WholeBodyMax is read into the response
+	// whatever its framing (chunked, or longer than InlineBodyMax), so that
+	// the caller can read it and send the request again. Set it to a plain
+	// function, not a closure, to keep the request allocation-free.
+	Whole func(status int) bool
 }
 
 // InlineBodyMax is the largest response body of known length that Do reads
 // whole; longer, chunked and unframed bodies are streamed.
 const InlineBodyMax = 64 << 10
+
+// WholeBodyMax is the most Do reads of a body Request.Whole asked for;
+// past it the body is streamed as usual.
+const WholeBodyMax = 256 << 10
 
 // maxInterim bounds the 1xx responses skipped before the final one.
 const maxInterim = 16
@@ -73,7 +83,21 @@ func (p *Pool) Do(req *Request, resp *fasthttp.Response, fin Finisher) (streamed
 		p.release(c, keepAlive)
 		return false, nil
 	}
-	switch cl := resp.Header.ContentLength(); {
+	cl := resp.Header.ContentLength()
+	if req.Whole != nil && req.Whole(status) {
+		if cl >= 0 && cl <= WholeBodyMax {
+			if err := resp.ReadBody(c.br, 0); err != nil {
+				p.discard(c)
+				return false, wrap(KindUpstream, "read response body from", p.cfg.Addr, err)
+			}
+			p.release(c, keepAlive)
+			return false, nil
+		}
+		if cl == -1 {
+			return p.readChunkedWhole(c, resp, keepAlive, fin)
+		}
+	}
+	switch {
 	case cl >= 0 && cl <= InlineBodyMax:
 		if err := resp.ReadBody(c.br, 0); err != nil {
 			p.discard(c)
@@ -91,6 +115,48 @@ func (p *Pool) Do(req *Request, resp *fasthttp.Response, fin Finisher) (streamed
 		resp.SetBodyStream(newBody(p, c, modeUntilClose, 0, false, fin), -1)
 	}
 	return true, nil
+}
+
+// readChunkedWhole reads a chunked body into resp when it ends within
+// WholeBodyMax. A longer one is streamed: what was read, then the rest.
+func (p *Pool) readChunkedWhole(c *Conn, resp *fasthttp.Response, keepAlive bool, fin Finisher) (streamed bool, err error) {
+	b := newBody(p, c, modeChunked, 0, keepAlive, nil)
+	buf := make([]byte, 0, 4<<10)
+	for len(buf) <= WholeBodyMax {
+		if len(buf) == cap(buf) {
+			buf = append(buf, 0)[:len(buf)]
+		}
+		n, rerr := b.Read(buf[len(buf):min(cap(buf), WholeBodyMax+1)])
+		buf = buf[:len(buf)+n]
+		if rerr == io.EOF {
+			b.CloseWithError(nil) // the connection goes back to the pool
+			resp.Header.SetContentLength(len(buf))
+			resp.SetBodyRaw(buf)
+			return false, nil
+		}
+		if rerr != nil {
+			b.CloseWithError(rerr)
+			return false, rerr
+		}
+	}
+	b.fin = fin
+	resp.SetBodyStream(&prefixedBody{head: buf, Body: b}, -1)
+	return true, nil
+}
+
+// prefixedBody is a streamed body of which head was read already.
+type prefixedBody struct {
+	head []byte
+	*Body
+}
+
+func (b *prefixedBody) Read(p []byte) (int, error) {
+	if len(b.head) > 0 {
+		n := copy(p, b.head)
+		b.head = b.head[n:]
+		return n, nil
+	}
+	return b.Body.Read(p)
 }
 
 func (p *Pool) readHead(c *Conn, resp *fasthttp.Response) error {

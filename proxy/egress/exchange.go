@@ -22,6 +22,11 @@ import (
 // is streamed once and its request is not retried.
 const RetryBodyMax = 1 << 20
 
+// WholeFailureMax is the longest failure response read whole so that its
+// request can be retried, whatever its framing; a longer one (or one whose
+// end is the connection's close) is streamed to the client and not retried.
+const WholeFailureMax = connpool.WholeBodyMax
+
 // reasonMax is how much of a failed response's body the non_retryable
 // filter reads (SPEC §4: status line plus the first 4 KiB of the body).
 const reasonMax = 4 << 10
@@ -81,6 +86,9 @@ func (e *Egress) exchange(ctx *fasthttp.RequestCtx, x *exchange, pool *connpool.
 		return
 	}
 	retryable = retryable && buffered
+	if retryable {
+		x.req.Whole = isFailure
+	}
 	if r.Timeout > 0 {
 		// From the request's arrival: the timeout bounds the whole
 		// exchange, waiting in a pool and reading the client's body
@@ -149,6 +157,10 @@ func (e *Egress) exchange(ctx *fasthttp.RequestCtx, x *exchange, pool *connpool.
 	}
 }
 
+// isFailure reports whether an answer with status is a failure, one a
+// retry may follow.
+func isFailure(status int) bool { return breaker.ClassifyHTTP(status) == breaker.Failure }
+
 // blame is the breaker's outcome of an attempt: o, unless o is a failure
 // the client did not wait for (it closed its connection while the upstream
 // was being asked: its own timeout, a cancelled call). That says as much
@@ -211,6 +223,9 @@ func (e *Egress) retry(ctx *fasthttp.RequestCtx, x *exchange, attempt int, reaso
 	}
 	r.Stats.Retry()
 	ctx.Response.Reset()
+	// Reset turns fasthttp's default Content-Type back on; the next
+	// answer must go to the client as the upstream sent it.
+	ctx.Response.Header.SetNoDefaultContentType(true)
 	return ticket, true
 }
 

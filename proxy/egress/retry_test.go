@@ -218,3 +218,62 @@ func TestSlowUploadIsNotTheUpstreamsFailure(t *testing.T) {
 		t.Fatalf("the breaker counted the client's slowness against the target: %+v", r)
 	}
 }
+
+// A failure answered chunked, or with a body longer than the pool reads
+// inline, is retried like any other: error pages are often chunked.
+func TestFailuresOfAnyFramingAreRetried(t *testing.T) {
+	big := strings.Repeat("x", 100<<10)
+	tests := []struct {
+		name     string
+		h        fasthttp.RequestHandler
+		attempts int64
+		body     string
+	}{
+		{"chunked 503", func(ctx *fasthttp.RequestCtx) {
+			ctx.SetStatusCode(503)
+			ctx.SetBodyStreamWriter(func(w *bufio.Writer) { w.WriteString("other") })
+		}, 4, "other"},
+		{"100 KiB 503", always(503, big), 4, big},
+		{"chunked 503 past the limit streams once", func(ctx *fasthttp.RequestCtx) {
+			ctx.SetStatusCode(503)
+			ctx.SetBodyStreamWriter(func(w *bufio.Writer) {
+				w.WriteString(big)
+				w.Flush()
+				w.WriteString(strings.Repeat("y", WholeFailureMax))
+			})
+		}, 1, big + strings.Repeat("y", WholeFailureMax)},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			f, up := retryFixture(t, "retry: { count: 3, logic: fixed, delay: 0s, jitter: 0 }", tc.h)
+			r := f.do(t, "GET", "http://api.test/", nil)
+			if r.status != 503 || r.body != tc.body {
+				t.Fatalf("client got %d with %d bytes, want 503 with %d", r.status, len(r.body), len(tc.body))
+			}
+			if n := up.Requests.Load(); n != tc.attempts {
+				t.Fatalf("upstream saw %d attempts, want %d", n, tc.attempts)
+			}
+		})
+	}
+}
+
+// A retried exchange passes the upstream's final response on as it came:
+// resetting the failed one must not add fasthttp's default Content-Type.
+func TestRetryAddsNoContentType(t *testing.T) {
+	var n atomic.Int64
+	f, _ := retryFixture(t, "retry: { count: 3, logic: fixed, delay: 0s, jitter: 0 }", func(ctx *fasthttp.RequestCtx) {
+		ctx.Response.Header.SetNoDefaultContentType(true)
+		if n.Add(1) < 2 {
+			ctx.SetStatusCode(503)
+			return
+		}
+		ctx.WriteString("ok")
+	})
+	r := f.do(t, "GET", "http://api.test/", nil)
+	if r.status != 200 || r.body != "ok" {
+		t.Fatalf("client got %+v", r)
+	}
+	if ct, ok := r.header["Content-Type"]; ok {
+		t.Fatalf("Content-Type %q added to a response that had none", ct)
+	}
+}
