@@ -43,7 +43,28 @@ type Governor struct {
 // New returns a governor counting windows in counter. Call Apply before
 // Current.
 func New(clk clock.Clock, m *metrics.Metrics, counter window.Counter) *Governor {
-	return &Governor{clk: clk, m: m, counter: counter}
+	g := &Governor{clk: clk, m: m, counter: counter}
+	if m != nil {
+		// A breaker leaves open lazily, at its next call; a scrape must not
+		// wait for one to see it half-open.
+		m.OnGather(g.refreshBreakerGauges)
+	}
+	return g
+}
+
+// refreshBreakerGauges sets each target's warden_breaker_state to its
+// breaker's state now. It holds the lock Apply does, so that it never
+// sets the gauge of a target a concurrent reload has just removed.
+func (g *Governor) refreshBreakerGauges() {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	c := g.cur.Load()
+	if c == nil {
+		return
+	}
+	for name, t := range c.Targets {
+		g.m.BreakerState.WithLabelValues(name).Set(float64(t.Breaker.State()))
+	}
 }
 
 // Clock is the governor's time source.

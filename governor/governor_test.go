@@ -134,3 +134,41 @@ func TestTargetsSharingAHostShareABreaker(t *testing.T) {
 		t.Fatalf("gauges a=%v b=%v, want 0 and 2", gauge("a"), gauge("b"))
 	}
 }
+
+// The breaker leaves open lazily, on the next call; a scrape after its
+// open time must already show it half-open, as GET /v1/breakers does.
+func TestBreakerGaugeShowsHalfOpenWhenScraped(t *testing.T) {
+	clk := clock.NewFake(time.Date(2026, 1, 5, 12, 0, 0, 0, time.UTC))
+	m := metrics.New()
+	g := New(clk, m, window.NewMemory(clk))
+	c := g.Apply(mustParse(t, fmt.Sprintf(pol, 2)))
+	for range 2 {
+		tk, _, _ := c.Targets["a"].Breaker.Allow()
+		tk.Done(breaker.Failure)
+	}
+	scraped := func() float64 {
+		fams, err := m.Gather()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, f := range fams {
+			if f.GetName() != "warden_breaker_state" {
+				continue
+			}
+			for _, mt := range f.GetMetric() {
+				if mt.GetLabel()[0].GetValue() == "a" {
+					return mt.GetGauge().GetValue()
+				}
+			}
+		}
+		t.Fatal("no warden_breaker_state{target=a}")
+		return 0
+	}
+	if v := scraped(); v != 2 {
+		t.Fatalf("open breaker scraped as %v, want 2", v)
+	}
+	clk.Advance(6 * time.Second) // past the default open of 5 s
+	if v, s := scraped(), c.BreakerSnapshots()[0].State; v != 1 || s != "half_open" {
+		t.Fatalf("after its open time: gauge %v, /v1/breakers %q; want 1 and half_open", v, s)
+	}
+}
