@@ -71,14 +71,22 @@ func (e *Egress) serve(ctx *fasthttp.RequestCtx) {
 	}
 	x := getExchange(e, r, ctx.Time())
 	now := e.now(ctx)
-	var wait context.Context = ctx
+	x.wait = poolWait{Context: ctx, conn: ctx.Conn(), clk: e.opts.Clock}
 	if r.Timeout > 0 {
-		x.wait = poolWait{Context: ctx, deadline: x.start.Add(r.Timeout)}
-		wait = &x.wait
+		x.wait.deadline = x.start.Add(r.Timeout)
 	}
-	ref, ok := admit.Admit(wait, &x.adm, &r.Target, tb.caps, scan.Want, "egress", now)
+	ref, ok := admit.Admit(&x.wait, &x.adm, &r.Target, tb.caps, scan.Want, "egress", now)
+	gone := x.wait.clientGone()
 	x.wait.end()
 	if !ok {
+		if gone {
+			// Nobody to answer: no refusal is counted, and the
+			// connection is closed with nothing written.
+			ctx.SetConnectionClose()
+			x.code = StatusClientGone
+			x.done()
+			return
+		}
 		x.code = e.refuseAdmission(ctx, r, ref, now)
 		x.done()
 		return
