@@ -11,7 +11,7 @@ import (
 // whose h2c fasthttp cannot serve.
 type HTTP struct {
 	srv  *http.Server
-	ln   net.Listener
+	ln   *onceCloser
 	done chan struct{} // closed when Serve has returned
 }
 
@@ -26,6 +26,11 @@ func StartHTTP(addr string, srv *http.Server, log *slog.Logger) (*HTTP, error) {
 
 // Addr is the bound address (useful with port 0).
 func (h *HTTP) Addr() net.Addr { return h.ln.Addr() }
+
+// StopAccepting closes the listening socket: new connections are refused
+// from now on, while the connections already accepted are served until
+// Shutdown drains them.
+func (h *HTTP) StopAccepting() { _ = h.ln.Close() }
 
 // Shutdown stops accepting, lets in-flight requests finish until ctx ends,
 // then cuts what is left, and waits for Serve to return.

@@ -1,7 +1,8 @@
 // Package listener runs one server on one address for a proxy component
-// (fasthttp: Start; net/http: StartHTTP), and drains it: Shutdown stops
-// accepting, lets in-flight requests finish until the context's deadline,
-// then closes whatever is left. Hijacked connections (CONNECT tunnels) are
+// (fasthttp: Start; net/http: StartHTTP), and drains it: StopAccepting
+// closes its socket at once, Shutdown stops accepting, lets in-flight
+// requests finish until the context's deadline, then closes whatever is
+// left. Hijacked connections (CONNECT tunnels) are
 // the hijacker's to track. A Slot keeps a component's server across
 // reloads: it binds a moved address, drains the replaced server in the
 // background, and waits for those drains on shutdown.
@@ -23,7 +24,7 @@ import (
 // Listener is a fasthttp server bound to one address.
 type Listener struct {
 	srv  *fasthttp.Server
-	ln   net.Listener
+	ln   *onceCloser
 	done chan struct{}
 	log  *slog.Logger
 
@@ -48,25 +49,49 @@ func Start(addr string, srv *fasthttp.Server, log *slog.Logger) (*Listener, erro
 }
 
 // serve listens on addr and runs serveOn there in a goroutine, logging how
-// it ended unless that is the stopped error; done is closed when it has
-// returned.
-func serve(addr string, serveOn func(net.Listener) error, stopped error, log *slog.Logger) (ln net.Listener, done chan struct{}, err error) {
-	ln, err = net.Listen("tcp", addr)
+// it ended unless that is the stopped error or the listener closed by
+// StopAccepting; done is closed when it has returned.
+func serve(addr string, serveOn func(net.Listener) error, stopped error, log *slog.Logger) (ln *onceCloser, done chan struct{}, err error) {
+	raw, err := net.Listen("tcp", addr)
 	if err != nil {
 		return nil, nil, fmt.Errorf("listen on %s: %w", addr, err)
 	}
+	ln = &onceCloser{Listener: raw}
 	done = make(chan struct{})
 	go func() {
 		defer close(done)
-		if err := serveOn(ln); err != nil && !errors.Is(err, stopped) {
+		// net/http's Serve returns the accept error when the listener was
+		// closed under it rather than by its Shutdown: that is
+		// StopAccepting, not a failure.
+		if err := serveOn(ln); err != nil && !errors.Is(err, stopped) && !errors.Is(err, net.ErrClosed) {
 			log.Error("listener stopped", "addr", addr, "err", err)
 		}
 	}()
 	return ln, done, nil
 }
 
+// onceCloser is a server's listening socket. StopAccepting closes it ahead
+// of the server's Shutdown, which closes it again and reports that second
+// Close's error as its own: only the first Close reaches the socket, and
+// later ones return its result.
+type onceCloser struct {
+	net.Listener
+	once sync.Once
+	err  error
+}
+
+func (l *onceCloser) Close() error {
+	l.once.Do(func() { l.err = l.Listener.Close() })
+	return l.err
+}
+
 // Addr is the bound address (useful with port 0).
 func (l *Listener) Addr() net.Addr { return l.ln.Addr() }
+
+// StopAccepting closes the listening socket: new connections are refused
+// from now on, while the connections already accepted are served until
+// Shutdown drains them.
+func (l *Listener) StopAccepting() { _ = l.ln.Close() }
 
 // connState runs on every state change, twice per request (active, idle);
 // only the changes that add or remove a connection take the lock, which

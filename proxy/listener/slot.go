@@ -15,6 +15,9 @@ import (
 // *HTTP (net/http).
 type Server interface {
 	Addr() net.Addr
+	// StopAccepting closes the listening socket at once; the connections
+	// already accepted are served until Shutdown.
+	StopAccepting()
 	// Shutdown stops accepting, lets in-flight requests finish until ctx
 	// ends, then cuts what is left; it returns once the server is gone.
 	Shutdown(ctx context.Context) error
@@ -30,9 +33,10 @@ const DrainGrace = 30 * time.Second
 
 // Slot is the listener of one proxy component across reloads: the current
 // server, the address it was started for, and the background drains of the
-// servers that reloads replaced. Its methods are safe for concurrent use
-// and serialised: Bind's build and Shutdown's release run under the slot's
-// lock, so they must not call the slot (Addr waits meanwhile).
+// servers that reloads replaced. Its methods are safe for concurrent use:
+// Bind's build runs under the slot's lock, so it must not call the slot
+// (Addr waits meanwhile); Shutdown drains without the lock, so Addr, Ready
+// and Err answer at once during a drain.
 type Slot struct {
 	name  string // prefixes errors and log lines, as in "egress: listen on …"
 	start StartFunc
@@ -46,7 +50,8 @@ type Slot struct {
 	mu     sync.Mutex
 	cur    Server
 	addr   string // as configured, so "127.0.0.1:0" stays bound across reloads
-	closed bool
+	closed bool   // StopAccepting or Shutdown was called: Bind fails
+	shut   bool   // Shutdown was called
 }
 
 // NewSlot returns an empty slot: start starts its servers, clk times the
@@ -160,19 +165,41 @@ func (s *Slot) stopLocked(ctx context.Context) error {
 	return srv.Shutdown(ctx)
 }
 
+// StopAccepting closes the current server's listening socket, so that a
+// process shutting down refuses new connections on every listener at once
+// while each component's Shutdown drains what it has accepted. Servers a
+// reload replaced stopped accepting when they were replaced. Bind fails
+// afterwards: a reload must not open a new listener during the drain.
+func (s *Slot) StopAccepting() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.closed = true
+	if s.cur != nil {
+		s.cur.StopAccepting()
+	}
+}
+
 // Shutdown stops the current server, waits for the background drains of
 // replaced ones until ctx ends, then cuts them, and then runs release (the
 // component frees what its requests used, now that none is left). The
 // first error is returned. Only the first call does anything; Bind fails
-// afterwards.
+// afterwards. The slot is empty from the start of the drain (Addr is "").
 func (s *Slot) Shutdown(ctx context.Context, release func() error) error {
 	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.closed {
+	if s.shut {
+		s.mu.Unlock()
 		return nil
 	}
-	s.closed = true
-	err := s.stopLocked(ctx)
+	s.closed, s.shut = true, true
+	srv := s.cur
+	s.cur, s.addr = nil, ""
+	s.mu.Unlock()
+	var err error
+	if srv != nil {
+		err = srv.Shutdown(ctx)
+	}
+	// No drain can start any more (Bind fails), so the wait group only
+	// goes down.
 	waitDrains(ctx, &s.drains, s.cancelDrain)
 	if rerr := release(); err == nil {
 		err = rerr

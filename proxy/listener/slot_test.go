@@ -346,6 +346,65 @@ func TestSlot(t *testing.T) {
 			}
 			mustServe(t, f.slot.Addr())
 		}},
+		{"StopAccepting refuses new connections, serves accepted ones", func(t *testing.T, f *fixture) {
+			f.bind(t, addrA)
+			addr := f.slot.Addr()
+			held := f.holdOn(addr)
+			f.slot.StopAccepting()
+			if c, err := net.DialTimeout("tcp", addr, 5*time.Second); err == nil {
+				c.Close()
+				t.Fatal("the listener accepts after StopAccepting")
+			}
+			if isShut(f.server(t, 0)) {
+				t.Fatal("StopAccepting shut the server down")
+			}
+			if err := f.slot.Bind(addrB, f.build(nil)); err == nil || f.starts() != 1 {
+				t.Fatalf("a bind after StopAccepting: %v, %d starts", err, f.starts())
+			}
+			f.hold.free()
+			if r := within(t, held, "the held request"); r.err != nil || r.status != 200 {
+				t.Fatalf("the request in flight at StopAccepting: %+v", r)
+			}
+			if err := f.slot.Shutdown(context.Background(), f.release(nil)); err != nil {
+				t.Fatalf("Shutdown after StopAccepting: %v", err)
+			}
+			if !isShut(f.server(t, 0)) || len(f.releases) != 1 {
+				t.Fatalf("Shutdown after StopAccepting: shut %v, %d releases", isShut(f.server(t, 0)), len(f.releases))
+			}
+		}},
+		{"Addr answers during the drain", func(t *testing.T, f *fixture) {
+			f.bind(t, addrA)
+			held := f.holdOn(f.slot.Addr())
+			done := make(chan error, 1)
+			go func() { done <- f.slot.Shutdown(context.Background(), f.release(nil)) }()
+			// Shutdown empties the slot before it drains: once Addr is
+			// "", the drain is under way, and Addr did not wait for it.
+			// (Addr runs apart so that one blocked by the drain fails the
+			// test instead of hanging it.)
+			empty := make(chan struct{})
+			go func() {
+				defer close(empty)
+				for f.slot.Addr() != "" {
+					time.Sleep(time.Millisecond)
+				}
+			}()
+			within(t, empty, `Addr to answer "" during the drain`)
+			if f.slot.Err() == nil || f.slot.Ready(true) == nil {
+				t.Fatal("a draining slot reports neither shutdown nor unreadiness")
+			}
+			select {
+			case err := <-done:
+				t.Fatalf("Shutdown returned with a request in flight: %v", err)
+			default:
+			}
+			f.hold.free()
+			if r := within(t, held, "the held request"); r.err != nil || r.status != 200 {
+				t.Fatalf("the drained request: %+v", r)
+			}
+			if err := within(t, done, "Shutdown"); err != nil {
+				t.Fatal(err)
+			}
+		}},
 		{"Shutdown waits for background drains", func(t *testing.T, f *fixture) {
 			f.bind(t, addrA)
 			held := f.holdOn(f.slot.Addr())
