@@ -109,6 +109,11 @@ func (e *Egress) Apply(ctx context.Context, c *governor.Controls) error {
 	return nil
 }
 
+// StopAccepting closes the listener at once (new connections are
+// refused); what it accepted is served until Shutdown drains it. A reload
+// fails afterwards.
+func (e *Egress) StopAccepting() { e.slot.StopAccepting() }
+
 // Shutdown stops accepting, lets in-flight requests and open tunnels
 // finish until ctx ends (then cuts them), and closes upstream connections.
 func (e *Egress) Shutdown(ctx context.Context) error {

@@ -115,6 +115,11 @@ func (g *Grpc) retainTransports(keep map[string]bool) {
 	}
 }
 
+// StopAccepting closes the listener at once (new connections are
+// refused); what it accepted is served until Shutdown drains it. A reload
+// fails afterwards.
+func (g *Grpc) StopAccepting() { g.slot.StopAccepting() }
+
 // Shutdown stops accepting, lets calls in flight finish until ctx ends,
 // then cuts them and closes upstream connections.
 func (g *Grpc) Shutdown(ctx context.Context) error {

@@ -187,6 +187,11 @@ func (g *Ingress) workerPool(worker string) (*connpool.Pool, error) {
 	return g.pools.Pool("worker", cfg), nil
 }
 
+// StopAccepting closes the listener at once (new connections are
+// refused); what it accepted is served until Shutdown drains it. A reload
+// fails afterwards.
+func (g *Ingress) StopAccepting() { g.slot.StopAccepting() }
+
 // Shutdown stops accepting, lets in-flight requests finish until ctx
 // ends, then closes the worker connections.
 func (g *Ingress) Shutdown(ctx context.Context) error {
