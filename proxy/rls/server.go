@@ -88,7 +88,9 @@ func (s *Server) Apply(ctx context.Context, c *governor.Controls) error {
 	s.wg.Add(1)
 	go func() {
 		defer s.wg.Done()
-		if err := srv.Serve(ln); err != nil && !errors.Is(err, grpc.ErrServerStopped) {
+		// A listener closed by StopAccepting ends Serve with the accept
+		// error; the drain follows in Shutdown.
+		if err := srv.Serve(ln); err != nil && !errors.Is(err, grpc.ErrServerStopped) && !errors.Is(err, net.ErrClosed) {
 			s.log.Error("rls listener stopped", "err", err)
 		}
 	}()
@@ -120,6 +122,20 @@ func (s *Server) newGRPC() *grpc.Server {
 		grpc.ReadBufferSize(ioBuffer), grpc.WriteBufferSize(ioBuffer))
 	rlspb.RegisterRateLimitServiceServer(srv, s)
 	return srv
+}
+
+// StopAccepting closes the listener at once and turns the health service
+// to NOT_SERVING; calls on connections already open are answered until
+// Shutdown drains them.
+func (s *Server) StopAccepting() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.srv == nil {
+		return
+	}
+	s.hs.Shutdown()
+	// GracefulStop closes it again later, ignoring the error.
+	_ = s.ln.Close()
 }
 
 // Shutdown implements app.Component: the health service reports

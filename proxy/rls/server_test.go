@@ -448,6 +448,34 @@ func TestHealthService(t *testing.T) {
 	}
 }
 
+// StopAccepting refuses new connections at once and reports NOT_SERVING,
+// while a client already connected (Envoy's channel) is still answered
+// until Shutdown drains it.
+func TestStopAccepting(t *testing.T) {
+	r := newRig(t, memoryCounter, domains)
+	addr := r.srv.Addr()
+	if resp := r.call(0, desc("tenant", "globex")); resp.OverallCode != rlspb.RateLimitResponse_OK {
+		t.Fatalf("before: %v", resp)
+	}
+	r.srv.StopAccepting()
+	if c, err := net.DialTimeout("tcp", addr, 5*time.Second); err == nil {
+		c.Close()
+		t.Fatal("the listener accepts after StopAccepting")
+	}
+	resp, err := r.hc.Check(context.Background(), &healthpb.HealthCheckRequest{})
+	if err != nil || resp.Status != healthpb.HealthCheckResponse_NOT_SERVING {
+		t.Fatalf("health after StopAccepting: %v, %v", resp, err)
+	}
+	if resp := r.call(0, desc("tenant", "globex")); resp.OverallCode != rlspb.RateLimitResponse_OK {
+		t.Fatalf("a call on the open connection after StopAccepting: %v", resp)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := r.srv.Shutdown(ctx); err != nil {
+		t.Fatal(err)
+	}
+}
+
 // A reload swaps the domains in place and rebinds when rls.listen moves;
 // removing the section stops the listener.
 func TestReload(t *testing.T) {
