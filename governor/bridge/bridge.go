@@ -289,18 +289,13 @@ func (b *bridge) retire(c cause) {
 		return
 	}
 	b.closing = c
-	ln, accepting := b.ln, b.accepting
-	b.ln = nil
 	for hc := range b.handshaking {
 		_ = hc.SetReadDeadline(aLongTimeAgo) // a half-sent startup ends here
 	}
 	pools := append([]*dbpool.Pool(nil), b.pools...)
 	sessions := b.sessionList()
 	b.mu.Unlock()
-	if ln != nil {
-		_ = ln.Close()
-		<-accepting
-	}
+	b.stopAccepting()
 	for _, p := range pools {
 		p.Close()
 	}
@@ -308,6 +303,19 @@ func (b *bridge) retire(c cause) {
 		s.closeWhenIdle(c)
 	}
 	b.notify()
+}
+
+// stopAccepting closes the listener, so new clients are refused, and waits
+// for the accept loop to return; clients already accepted are served on.
+func (b *bridge) stopAccepting() {
+	b.mu.Lock()
+	ln, accepting := b.ln, b.accepting
+	b.ln = nil
+	b.mu.Unlock()
+	if ln != nil {
+		_ = ln.Close()
+		<-accepting
+	}
 }
 
 // forceClose ends every session and client now: shutdown_grace is over.

@@ -165,6 +165,22 @@ func (s *Set) reapRetiredLocked() {
 	s.retired = kept
 }
 
+// StopAccepting closes every bridge's listener at once: new clients are
+// refused, while clients already accepted (waiting, or in a session) are
+// served until Shutdown drains them. Apply fails afterwards.
+func (s *Set) StopAccepting() {
+	s.mu.Lock()
+	s.shut = true
+	all := make([]*bridge, 0, len(s.bridges)) // retired ones stopped accepting when removed
+	for _, b := range s.bridges {
+		all = append(all, b)
+	}
+	s.mu.Unlock()
+	for _, b := range all {
+		b.stopAccepting()
+	}
+}
+
 // Shutdown stops accepting on every bridge, refuses waiting clients, closes
 // idle sessions now and the others after their transaction, and waits for
 // them until ctx ends; then it closes what is left.

@@ -132,3 +132,23 @@ func TestTCPClientGone(t *testing.T) {
 		t.Fatalf("clean close counted as a reap: %+v", s)
 	}
 }
+
+// StopAccepting refuses new clients at once, while a client already in a
+// session is served until Shutdown drains it; a reload is refused.
+func TestTCPStopAccepting(t *testing.T) {
+	h := newHarness(t, clock.Real{}, nil)
+	h.mustApply(tcpBridge("pipe", echoServer(t)))
+	addr := h.addr("pipe")
+	a := h.dialTCP("pipe")
+	a.echo("before")
+	h.set.StopAccepting()
+	if c, err := net.DialTimeout("tcp", addr, 5*time.Second); err == nil {
+		c.Close()
+		t.Fatal("the bridge accepts a client after StopAccepting")
+	}
+	a.echo("after")
+	if err := h.apply(tcpBridge("pipe", echoServer(t))); err == nil {
+		t.Fatal("a reload after StopAccepting was applied")
+	}
+	a.c.Close()
+}
