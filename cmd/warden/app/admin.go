@@ -120,8 +120,13 @@ func (a *App) componentList(pick func(Component) (func() any, bool)) func() any 
 	return nil
 }
 
-// ready reports whether every started component can serve.
+// ready reports whether every started component can serve. Once the
+// drain has begun the answer is no, at once: load balancers must stop
+// sending work now, and a component busy draining is not asked.
 func (a *App) ready() error {
+	if a.draining.Load() {
+		return errShuttingDown
+	}
 	for _, comp := range a.components {
 		if r, ok := comp.(interface{ Ready() error }); ok {
 			if err := r.Ready(); err != nil {

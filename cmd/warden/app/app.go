@@ -13,6 +13,7 @@ import (
 	"net/http"
 	"os"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/warden-dev/warden/governor"
@@ -64,6 +65,7 @@ type App struct {
 	started    chan struct{} // closed once every listener is bound
 
 	reloadMu     sync.Mutex
+	draining     atomic.Bool // set (under reloadMu) when shutdown begins
 	statusMu     sync.Mutex
 	lastErr      string
 	lastReloadAt time.Time
@@ -190,6 +192,11 @@ func (a *App) start(ctx context.Context) error {
 func (a *App) Reload() error {
 	a.reloadMu.Lock()
 	defer a.reloadMu.Unlock()
+	if a.draining.Load() {
+		// The components refuse it anyway; a reload must not open a
+		// listener or rebuild pools in the middle of the drain.
+		return errShuttingDown
+	}
 	now := a.clk.Now()
 	p, err := policy.Load(a.opts.PolicyFile)
 	if err != nil {
@@ -248,11 +255,51 @@ func (a *App) logWarnings(p *policy.Policy) {
 	}
 }
 
+// errShuttingDown is what /readyz and a reload answer once the drain has
+// begun.
+var errShuttingDown = errors.New("draining: warden is shutting down")
+
+// acceptStopper is a component with listeners: StopAccepting closes them
+// at once, and the component's Shutdown drains what they had accepted.
+type acceptStopper interface{ StopAccepting() }
+
+// shutdown drains warden within shutdown_grace:
+//
+//  1. /readyz answers 503 and reloads are refused from now on.
+//  2. Every listener but admin's stops accepting at once (ingress, egress,
+//     gRPC, RLS, bridges), so that no component keeps taking work while
+//     another one drains.
+//  3. Those components drain together: each finishes what its listeners
+//     accepted (keep-alive connections close after their request) until
+//     the grace ends, then cuts what is left.
+//  4. The others shut down in reverse start order once nothing can reach
+//     them any more: the scheduler (after the ingress that serves its runs
+//     API; queued runs are already durable), then the backend every
+//     component counted in.
+//  5. The admin listener closes last, so that probes and scrapes see the
+//     whole drain.
+//
+// Every step shares one deadline: the whole drain takes at most the grace.
 func (a *App) shutdown() error {
 	grace := a.holder.Load().ShutdownGrace
 	ctx, cancel := context.WithTimeout(context.Background(), grace)
 	defer cancel()
-	a.log.Info("draining", "grace", grace)
+	// Under reloadMu: a reload in progress finishes first, and none starts
+	// after, so no listener is bound behind StopAccepting's back.
+	a.reloadMu.Lock()
+	a.draining.Store(true)
+	a.reloadMu.Unlock()
+	var front, back []Component
+	for _, comp := range a.components {
+		if s, ok := comp.(acceptStopper); ok {
+			s.StopAccepting()
+			front = append(front, comp)
+		} else {
+			back = append(back, comp)
+		}
+	}
+	// Logged once no listener but admin's accepts (tests wait for it).
+	a.log.Info("draining", "grace", grace, "listeners", "closed", "admin", "serving")
 	var errs []error
 	// A drain the grace ran out on is what shutdown_grace is for: what was
 	// still in flight is cut, and that is a warning, not a failed shutdown
@@ -267,10 +314,17 @@ func (a *App) shutdown() error {
 			errs = append(errs, fmt.Errorf("%s: %w", name, err))
 		}
 	}
-	// Components in reverse start order: listeners stop taking work before
-	// what they feed is drained.
-	for i := len(a.components) - 1; i >= 0; i-- {
-		note(a.components[i].Name(), a.components[i].Shutdown(ctx))
+	frontErrs := make([]error, len(front))
+	var wg sync.WaitGroup
+	for i, comp := range front {
+		wg.Go(func() { frontErrs[i] = comp.Shutdown(ctx) })
+	}
+	wg.Wait()
+	for i, comp := range front {
+		note(comp.Name(), frontErrs[i])
+	}
+	for i := len(back) - 1; i >= 0; i-- {
+		note(back[i].Name(), back[i].Shutdown(ctx))
 	}
 	a.adminMu.Lock()
 	srv := a.adminSrv

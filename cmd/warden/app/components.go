@@ -14,20 +14,24 @@ import (
 
 // buildComponents lists, in start order, every component a policy can turn
 // on. Each is started by Apply when its section is present, reconfigured on
-// reload and stopped when its section disappears; shutdown runs in reverse
-// order so listeners stop taking work before what they feed drains.
+// reload and stopped when its section disappears. On shutdown the
+// components with listeners (StopAccepting) stop accepting all at once and
+// drain together; the others then shut down in reverse order, so nothing
+// they serve can still arrive (see App.shutdown).
 //
-// Optional methods a component may have, found by the admin API:
+// Optional methods a component may have, found by the app and the admin
+// API:
 //
+//	StopAccepting()        // shutdown: close its listeners at once
 //	Ready() error          // /readyz
 //	Bridges() any          // GET /v1/bridges
 //	Semaphores() any       // GET /v1/semaphores
 //	Queues() any           // GET /v1/queues
 //	Degraded() error       // /readyz body: serving, but degraded
 func (a *App) buildComponents() []Component {
-	// The scheduler starts before the ingress listener that serves its
-	// runs API, so that on SIGTERM the listener stops taking submissions
-	// before the scheduler drains its deliveries and closes the store.
+	// The scheduler has no listener: it shuts down after the ingress that
+	// serves its runs API has drained, so a submission in flight still
+	// finds the store open.
 	sched := scheduler.New(scheduler.Options{
 		Clock:   a.clk,
 		Metrics: a.metrics,

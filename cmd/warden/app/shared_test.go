@@ -34,14 +34,27 @@ type instance struct {
 	cancel context.CancelFunc
 	done   chan error
 	file   string
+
+	once sync.Once
+	err  error // Run's result, once result has returned
 }
 
 func startApp(t *testing.T, policyBody, prefix string, clk clock.Clock) *instance {
 	t.Helper()
+	return startAppWith(t, policyBody, Options{BackendPrefix: prefix, Clock: clk, BackendTimeout: testTimeout})
+}
+
+// startAppWith runs a warden on policyBody with opts (PolicyFile and
+// NoWatch are set here; a nil Log discards).
+func startAppWith(t *testing.T, policyBody string, opts Options) *instance {
+	t.Helper()
 	file := filepath.Join(t.TempDir(), "p.yaml")
 	writePolicy(t, file, policyBody)
-	a, err := New(Options{PolicyFile: file, Log: slog.New(slog.NewTextHandler(io.Discard, nil)), NoWatch: true,
-		BackendPrefix: prefix, Clock: clk, BackendTimeout: testTimeout})
+	opts.PolicyFile, opts.NoWatch = file, true
+	if opts.Log == nil {
+		opts.Log = slog.New(slog.NewTextHandler(io.Discard, nil))
+	}
+	a, err := New(opts)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -55,11 +68,19 @@ func startApp(t *testing.T, policyBody, prefix string, clk clock.Clock) *instanc
 	}
 	t.Cleanup(func() {
 		cancel()
-		if err := <-in.done; err != nil {
+		if err := in.result(); err != nil {
 			t.Errorf("shutdown: %v", err)
 		}
 	})
 	return in
+}
+
+// result waits for Run to return and gives its error; every call gives
+// the same one, so a test may wait for the shutdown before its cleanup
+// does.
+func (in *instance) result() error {
+	in.once.Do(func() { in.err = <-in.done })
+	return in.err
 }
 
 func (in *instance) rls() *rls.Server {
