@@ -14,6 +14,8 @@ import (
 	"strings"
 	"syscall"
 
+	"github.com/redis/go-redis/v9"
+
 	"github.com/warden-dev/warden/cmd/warden/app"
 	"github.com/warden-dev/warden/internal/gcfloor"
 	"github.com/warden-dev/warden/policy"
@@ -133,6 +135,9 @@ func runCmd(args []string, stderr io.Writer) int {
 		fmt.Fprintln(stderr, "warden run:", err)
 		return 2
 	}
+	// go-redis logs through a package-level logger; this process has one
+	// log, so the library's lines join it.
+	redis.SetLogger(redisLogger{log})
 
 	// Unless GOGC is set, the collector keeps a heap goal of at least
 	// gcfloor.Default (README, "Memory and GC").

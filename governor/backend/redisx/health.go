@@ -98,6 +98,21 @@ func (h *health) trip(cause error) {
 	}
 }
 
+// stillDown records why a probe failed: /readyz names the outage's current
+// cause, not the first one (Redis back, but with a password warden lacks).
+// A new cause is logged once.
+func (h *health) stillDown(err error) {
+	h.mu.Lock()
+	changed := h.down.Load() && (h.cause == nil || h.cause.Error() != err.Error())
+	if changed {
+		h.cause = err
+	}
+	h.mu.Unlock()
+	if changed {
+		h.c.log.Warn("shared backend still unreachable, now for another reason", "err", err)
+	}
+}
+
 func (h *health) recovered() {
 	h.mu.Lock()
 	outage := h.clk.Now().Sub(h.since)
@@ -142,10 +157,12 @@ func (h *health) probeLoop() {
 				t.Stop()
 				return
 			}
-			if err := h.c.ping(); err == nil {
+			err := h.c.ping()
+			if err == nil {
 				h.recovered()
 				break
 			}
+			h.stillDown(err)
 			t.Reset(h.c.cfg.ProbeEvery)
 		}
 		t.Stop()

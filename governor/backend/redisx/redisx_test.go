@@ -5,6 +5,8 @@ import (
 	"errors"
 	"io"
 	"net"
+	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -265,5 +267,48 @@ func TestBreakerThreshold(t *testing.T) {
 				t.Fatalf("down = %v, want %v", c.Down(), tc.down)
 			}
 		})
+	}
+}
+
+// While Redis stays down, /readyz names the outage's current cause: a
+// server that first hung up and now refuses warden's password is a
+// different problem to fix.
+func TestReadyNamesTheCurrentCause(t *testing.T) {
+	var hangUp atomic.Bool
+	hangUp.Store(true)
+	addr := loopback.Serve(t, func(c net.Conn) {
+		if hangUp.Load() {
+			return // closed at once
+		}
+		buf := make([]byte, 4096)
+		for {
+			if _, err := c.Read(buf); err != nil {
+				return
+			}
+			if _, err := c.Write([]byte("-WRONGPASS invalid username-password pair or user is disabled.\r\n")); err != nil {
+				return
+			}
+		}
+	})
+	clk := clock.NewFake(time.Now())
+	c, err := Open(Config{URL: "redis://" + addr + "/0"}, clk, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	for range 3 { // past tripAfter, whatever the first calls saw
+		c.observe("admit", time.Now(), io.EOF)
+	}
+	if err := c.Ready(); err == nil || strings.Contains(err.Error(), "WRONGPASS") {
+		t.Fatalf("before: %v", err)
+	}
+	hangUp.Store(false)
+	deadline := time.Now().Add(10 * time.Second)
+	for err := c.Ready(); err == nil || !strings.Contains(err.Error(), "WRONGPASS"); err = c.Ready() {
+		if time.Now().After(deadline) {
+			t.Fatalf("Ready still says %v", err)
+		}
+		clk.Advance(c.cfg.ProbeEvery)
+		time.Sleep(time.Millisecond)
 	}
 }
