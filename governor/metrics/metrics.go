@@ -103,10 +103,10 @@ func New() *Metrics {
 		Name: "warden_bridge_reaped_total", Help: "Bridge connections reaped, by reason.",
 	}, []string{"bridge", "reason"})
 	m.PolicyReloads = prometheus.NewCounter(prometheus.CounterOpts{
-		Name: "warden_policy_reloads_total", Help: "Successful policy reloads.",
+		Name: "warden_policy_reloads_total", Help: "Policy reloads that put a policy in force, including those some component could not wholly apply.",
 	})
 	m.PolicyReloadErrors = prometheus.NewCounter(prometheus.CounterOpts{
-		Name: "warden_policy_reload_errors_total", Help: "Policy reloads refused because the file did not validate.",
+		Name: "warden_policy_reload_errors_total", Help: "Policy reloads that failed: refused because the file did not load or validate, or put in force with some component keeping its previous settings.",
 	})
 	m.PolicyInfo = prometheus.NewGaugeVec(prometheus.GaugeOpts{
 		Name: "warden_policy_info", Help: "1 for the policy currently in force, labelled with its hash.",

@@ -22,12 +22,16 @@ import (
 
 // PolicyStatus is the body of GET /v1/policy.
 type PolicyStatus struct {
-	Source          string   `json:"source"`
-	Hash            string   `json:"hash"`
-	LoadedAt        string   `json:"loaded_at"`
-	LastReloadError string   `json:"last_reload_error"`
-	LastReloadAt    string   `json:"last_reload_at,omitempty"`
-	Warnings        []string `json:"warnings"`
+	Source          string `json:"source"`
+	Hash            string `json:"hash"`
+	LoadedAt        string `json:"loaded_at"`
+	LastReloadError string `json:"last_reload_error"`
+	// ApplyError lists what the running policy's components could not
+	// apply (each kept its previous settings); "" once it is wholly in
+	// force.
+	ApplyError   string   `json:"apply_error"`
+	LastReloadAt string   `json:"last_reload_at,omitempty"`
+	Warnings     []string `json:"warnings"`
 }
 
 // Sources is where the admin API reads state and sends commands. A nil list
@@ -39,7 +43,10 @@ type Sources struct {
 	// outage): /readyz stays 200 and names them in "degraded".
 	Degraded func() []string
 	Policy   func() PolicyStatus
-	Reload   func() error
+	// Reload reloads the policy. A *PartialApplyError says the policy was
+	// put in force but some components kept their previous settings; any
+	// other error says nothing changed.
+	Reload func() error
 
 	Pools      func() any
 	ResetPool  func(id string) bool // false: no such pool
@@ -121,22 +128,46 @@ func (s *server) readyz(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, map[string]string{"status": "ready"})
 }
 
+// reloadAnswer is the body of POST /v1/policy/reload when the reloaded
+// policy was put in force: the policy status, with "status" "applied", or
+// "applied_with_errors" and the components' errors.
+type reloadAnswer struct {
+	Status string   `json:"status"`
+	Errors []string `json:"errors,omitempty"`
+	PolicyStatus
+}
+
+// reload answers 200 whenever the file's policy is in force afterwards,
+// because the hash, the pools and every other figure the API shows then
+// are the new policy's; "applied_with_errors" says which components kept
+// their previous settings. 422 ("rejected") means nothing changed: the
+// file did not load or validate.
 func (s *server) reload(w http.ResponseWriter, r *http.Request) {
 	if s.cfg.Sources.Reload == nil {
 		writeError(w, http.StatusServiceUnavailable, "reload unavailable")
 		return
 	}
-	if err := s.cfg.Sources.Reload(); err != nil {
-		var lines []string
-		for _, l := range strings.Split(err.Error(), "\n") {
-			if l != "" {
-				lines = append(lines, l)
-			}
-		}
-		writeJSON(w, http.StatusUnprocessableEntity, map[string]any{"status": "rejected", "errors": lines})
-		return
+	err := s.cfg.Sources.Reload()
+	var partial *PartialApplyError
+	switch {
+	case err == nil:
+		writeJSON(w, http.StatusOK, reloadAnswer{Status: "applied", PolicyStatus: s.cfg.Sources.Policy()})
+	case errors.As(err, &partial):
+		writeJSON(w, http.StatusOK, reloadAnswer{Status: "applied_with_errors", Errors: errorLines(err), PolicyStatus: s.cfg.Sources.Policy()})
+	default:
+		writeJSON(w, http.StatusUnprocessableEntity, map[string]any{"status": "rejected", "errors": errorLines(err)})
 	}
-	writeJSON(w, http.StatusOK, s.cfg.Sources.Policy())
+}
+
+// errorLines splits joined errors (and policy.Errors) one per line.
+func errorLines(err error) []string {
+	var lines []string
+	for _, l := range strings.Split(err.Error(), "\n") {
+		if l != "" {
+			lines = append(lines, l)
+		}
+	}
+	return lines
 }
 
 // authorized enforces SPEC §8: every POST needs the bearer token; with no

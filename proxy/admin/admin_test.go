@@ -1,11 +1,14 @@
 package admin
 
 import (
+	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strings"
 	"testing"
 
@@ -99,5 +102,57 @@ func TestReadyzReportsDegradedWithoutFailing(t *testing.T) {
 	notReady = errors.New("backend: redis unreachable")
 	if code, _ := get(); code != 503 {
 		t.Fatalf("not ready: %d", code)
+	}
+}
+
+// POST /v1/policy/reload answers by what is in force afterwards: 200 when
+// the reloaded policy is (with its components' errors if some kept their
+// previous settings), 422 when nothing changed.
+func TestReloadAnswers(t *testing.T) {
+	t.Setenv("ADMIN_TEST_TOKEN", "tok")
+	tests := []struct {
+		name   string
+		err    error
+		code   int
+		status string
+		errors []string
+	}{
+		{"applied", nil, 200, "applied", nil},
+		{"applied with errors", &PartialApplyError{Err: errors.Join(errors.New("egress: bind: address already in use"), errors.New("admin listener: bind"))},
+			200, "applied_with_errors", []string{"egress: bind: address already in use", "admin listener: bind"}},
+		{"wrapped partial", fmt.Errorf("reload: %w", &PartialApplyError{Err: errors.New("bridges: bind")}), 200, "applied_with_errors", []string{"reload: bridges: bind"}},
+		{"rejected", errors.New("p.yaml:2:3: pools.a.window: must be 1, 60, 3600 or 86400\np.yaml:3:1: unknown key"),
+			422, "rejected", []string{"p.yaml:2:3: pools.a.window: must be 1, 60, 3600 or 86400", "p.yaml:3:1: unknown key"}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			srv := httptest.NewServer(Handler(Config{TokenEnv: "ADMIN_TEST_TOKEN", Metrics: metrics.New(), Log: slog.New(slog.NewTextHandler(io.Discard, nil)),
+				Sources: Sources{
+					Reload: func() error { return tc.err },
+					Policy: func() PolicyStatus { return PolicyStatus{Hash: "h1", Warnings: []string{}} },
+				}}))
+			defer srv.Close()
+			req, _ := http.NewRequest(http.MethodPost, srv.URL+"/v1/policy/reload", nil)
+			req.Header.Set("Authorization", "Bearer tok")
+			resp, err := http.DefaultClient.Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer resp.Body.Close()
+			var body struct {
+				Status string   `json:"status"`
+				Errors []string `json:"errors"`
+				Hash   string   `json:"hash"`
+			}
+			if err := json.NewDecoder(resp.Body).Decode(&body); err != nil {
+				t.Fatal(err)
+			}
+			if resp.StatusCode != tc.code || body.Status != tc.status || !slices.Equal(body.Errors, tc.errors) {
+				t.Fatalf("got %d %+v, want %d %s %q", resp.StatusCode, body, tc.code, tc.status, tc.errors)
+			}
+			if applied := body.Hash == "h1"; applied != (tc.code == 200) {
+				t.Fatalf("policy status in the answer: %v, want it with every 200", applied)
+			}
+		})
 	}
 }

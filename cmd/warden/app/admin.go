@@ -59,7 +59,7 @@ func (a *App) adminSources() admin.Sources {
 			a.statusMu.Lock()
 			st := admin.PolicyStatus{
 				Source: p.Source, Hash: p.Hash, LoadedAt: p.LoadedAt.UTC().Format(time.RFC3339Nano),
-				LastReloadError: a.lastErr, Warnings: []string{},
+				LastReloadError: a.lastErr, ApplyError: a.applyErr, Warnings: []string{},
 			}
 			if !a.lastReloadAt.IsZero() {
 				st.LastReloadAt = a.lastReloadAt.UTC().Format(time.RFC3339Nano)

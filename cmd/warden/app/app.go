@@ -20,6 +20,7 @@ import (
 	"github.com/warden-dev/warden/governor/clock"
 	"github.com/warden-dev/warden/governor/metrics"
 	"github.com/warden-dev/warden/policy"
+	"github.com/warden-dev/warden/proxy/admin"
 )
 
 // Options configure an App.
@@ -64,10 +65,15 @@ type App struct {
 	components []Component
 	started    chan struct{} // closed once every listener is bound
 
-	reloadMu     sync.Mutex
-	draining     atomic.Bool // set (under reloadMu) when shutdown begins
-	statusMu     sync.Mutex
+	reloadMu sync.Mutex
+	draining atomic.Bool // set (under reloadMu) when shutdown begins
+	statusMu sync.Mutex
+	// lastErr is the last reload's error ("" when it applied cleanly);
+	// applyErr is what the running policy's components could not apply,
+	// kept until a reload applies cleanly, so a refused file meanwhile
+	// does not hide it and a reload of the same file is not "unchanged".
 	lastErr      string
+	applyErr     string
 	lastReloadAt time.Time
 
 	adminMu   sync.Mutex
@@ -186,9 +192,21 @@ func (a *App) start(ctx context.Context) error {
 	return nil
 }
 
-// Reload re-reads the policy file. A file that fails validation leaves the
-// running policy in force and is reported in the log, in /v1/policy and in
+// Reload re-reads the policy file and puts it in force.
+//
+// A file that fails to load or validate changes nothing: the running
+// policy stays, and the error is returned (it is not an
+// *admin.PartialApplyError), logged, shown in /v1/policy and counted in
 // warden_policy_reload_errors_total.
+//
+// A valid file becomes the running policy (its hash in /v1/policy, its
+// controls in the governor) even when a component cannot take it, such as
+// a listener whose new address is taken: that component keeps its previous
+// settings, and Reload returns an *admin.PartialApplyError, counted and
+// shown like a refused file. The errors stay in /v1/policy's apply_error
+// until a reload applies cleanly, and a reload of the same file applies it
+// again rather than finding it unchanged, so the fix for a taken port is to
+// free it and reload.
 func (a *App) Reload() error {
 	a.reloadMu.Lock()
 	defer a.reloadMu.Unlock()
@@ -213,10 +231,16 @@ func (a *App) Reload() error {
 		return err
 	}
 	old := a.holder.Load()
-	if p.Hash == old.Hash {
+	a.statusMu.Lock()
+	pending := a.applyErr
+	a.statusMu.Unlock()
+	if p.Hash == old.Hash && pending == "" {
 		a.setStatus("", now)
 		a.log.Info("policy unchanged", "hash", p.Hash)
 		return nil
+	}
+	if p.Hash == old.Hash {
+		a.log.Info("policy not fully applied: applying it again", "hash", p.Hash, "previous_errors", pending)
 	}
 	a.logWarnings(p)
 	a.holder.Swap(p)
@@ -234,18 +258,29 @@ func (a *App) Reload() error {
 	}
 	a.metrics.PolicyReloads.Inc()
 	if err := errors.Join(applyErrs...); err != nil {
-		a.setStatus(err.Error(), now)
-		a.log.Error("policy reloaded with errors", "hash", p.Hash, "err", err)
-		return err
+		a.metrics.PolicyReloadErrors.Inc()
+		a.setApplied(err.Error(), now)
+		a.log.Error("policy reloaded with errors: the components named kept their previous settings", "hash", p.Hash, "err", err)
+		return &admin.PartialApplyError{Err: err}
 	}
-	a.setStatus("", now)
+	a.setApplied("", now)
 	a.log.Info("policy reloaded", "hash", p.Hash, "previous", old.Hash)
 	return nil
 }
 
+// setStatus records the outcome of a reload that put nothing in force.
 func (a *App) setStatus(errText string, at time.Time) {
 	a.statusMu.Lock()
 	a.lastErr, a.lastReloadAt = errText, at
+	a.statusMu.Unlock()
+}
+
+// setApplied records the outcome of a reload that put a policy in force:
+// errText lists what its components could not apply ("" for none), which
+// is also the running policy's apply error from now on.
+func (a *App) setApplied(errText string, at time.Time) {
+	a.statusMu.Lock()
+	a.lastErr, a.applyErr, a.lastReloadAt = errText, errText, at
 	a.statusMu.Unlock()
 }
 

@@ -284,4 +284,11 @@ func TestBackendReload(t *testing.T) {
 	if err := m.Reload(); err == nil || !strings.Contains(err.Error(), "restart") {
 		t.Fatalf("memory to redis on reload: %v", err)
 	}
+	// Until warden restarts, every reload of that file says so again.
+	if err := m.Reload(); err == nil || !strings.Contains(err.Error(), "restart") {
+		t.Fatalf("memory to redis on a repeated reload: %v", err)
+	}
+	if st := getPolicy(t, m); !strings.Contains(st.LastReloadError, "restart") || !strings.Contains(st.ApplyError, "restart") {
+		t.Fatalf("/v1/policy after a repeated memory to redis reload: %+v", st)
+	}
 }

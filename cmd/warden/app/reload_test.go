@@ -1,0 +1,162 @@
+package app
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"regexp"
+	"strings"
+	"testing"
+
+	"github.com/warden-dev/warden/governor/clock"
+)
+
+// reloadTokenEnv names the admin token variable of these tests' policies.
+const reloadTokenEnv = "WARDEN_RELOAD_TEST_TOKEN"
+
+func egressPolicy(listen string, allowUnlisted bool) string {
+	return fmt.Sprintf(`version: 1
+admin: { listen: "127.0.0.1:0", token_env: %s }
+egress: { http_listen: %q, allow_unlisted: %t }
+`, reloadTokenEnv, listen, allowUnlisted)
+}
+
+// takenAddr holds a loopback port open until the returned func frees it.
+func takenAddr(t *testing.T) (string, func()) {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	return ln.Addr().String(), func() { ln.Close() }
+}
+
+type policyStatus struct {
+	Hash            string `json:"hash"`
+	LastReloadError string `json:"last_reload_error"`
+	ApplyError      string `json:"apply_error"`
+}
+
+func getPolicy(t *testing.T, in *instance) policyStatus {
+	t.Helper()
+	var st policyStatus
+	if err := json.Unmarshal([]byte(getBody(t, "http://"+in.AdminAddr()+"/v1/policy")), &st); err != nil {
+		t.Fatal(err)
+	}
+	return st
+}
+
+func metricValue(t *testing.T, in *instance, name string) string {
+	t.Helper()
+	m := regexp.MustCompile(`(?m)^` + name + ` (\S+)$`).FindStringSubmatch(getBody(t, "http://"+in.AdminAddr()+"/metrics"))
+	if m == nil {
+		t.Fatalf("no %s in /metrics", name)
+	}
+	return m[1]
+}
+
+// unlistedStatus is the egress's answer to a host no target matches.
+func unlistedStatus(t *testing.T, in *instance, url string) int {
+	t.Helper()
+	resp, err := proxyClient(t, in).Get(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	return resp.StatusCode
+}
+
+// A reload the egress cannot apply (its new address is taken) puts the
+// rest of the policy in force, is counted and reported as an error until a
+// reload applies cleanly, and a reload of the same file tries the egress
+// again, so freeing the port is enough.
+func TestReloadRetriesWhatFailedToApply(t *testing.T) {
+	t.Setenv(reloadTokenEnv, "tok")
+	target := newUpstream(t, 0)
+	in := startApp(t, egressPolicy("127.0.0.1:0", true), "", clock.Real{})
+	oldEgress := in.egressAddr()
+	busy, free := takenAddr(t)
+
+	writePolicy(t, in.file, egressPolicy(busy, false))
+	if err := in.Reload(); err == nil || !strings.Contains(err.Error(), "address already in use") {
+		t.Fatalf("reload onto a taken address: %v", err)
+	}
+	st := getPolicy(t, in)
+	if st.LastReloadError == "" || !strings.Contains(st.ApplyError, "address already in use") {
+		t.Fatalf("/v1/policy after a failed apply: %+v", st)
+	}
+	if in.egressAddr() != oldEgress || unlistedStatus(t, in, target.URL) != 200 {
+		t.Fatal("the egress did not keep its previous address and settings")
+	}
+	if got := metricValue(t, in, "warden_policy_reload_errors_total"); got != "1" {
+		t.Fatalf("warden_policy_reload_errors_total = %s after a failed apply, want 1", got)
+	}
+
+	// The same file again: tried again, still failing, still reported.
+	if err := in.Reload(); err == nil {
+		t.Fatal("a repeated reload of a policy not in force reported success")
+	}
+	if st := getPolicy(t, in); !strings.Contains(st.LastReloadError, "address already in use") {
+		t.Fatalf("repeated reload cleared the error: %+v", st)
+	}
+	// Over the API: the policy is in force but the egress is not, which
+	// the answer says.
+	code, body := post(t, "http://"+in.AdminAddr()+"/v1/policy/reload", "tok")
+	if code != 200 || !strings.Contains(body, `"applied_with_errors"`) || !strings.Contains(body, "address already in use") {
+		t.Fatalf("POST /v1/policy/reload with a taken address: %d %s", code, body)
+	}
+
+	// An invalid file meanwhile: its errors are the last reload's, and the
+	// running policy's apply error stays visible.
+	writePolicy(t, in.file, "version: 1\negress: { http_listen: nope }\n")
+	if err := in.Reload(); err == nil {
+		t.Fatal("invalid policy accepted")
+	}
+	if st := getPolicy(t, in); !strings.Contains(st.LastReloadError, "p.yaml:2:") || !strings.Contains(st.ApplyError, "address already in use") {
+		t.Fatalf("after an invalid file: %+v", st)
+	}
+	if got := metricValue(t, in, "warden_policy_reload_errors_total"); got != "4" {
+		t.Fatalf("warden_policy_reload_errors_total = %s, want 4", got)
+	}
+
+	writePolicy(t, in.file, egressPolicy(busy, false))
+	free()
+	if err := in.Reload(); err != nil {
+		t.Fatalf("reload once the port is free: %v", err)
+	}
+	if in.egressAddr() != busy || unlistedStatus(t, in, target.URL) != http.StatusForbidden {
+		t.Fatalf("egress on %s after the retry, want %s with allow_unlisted false", in.egressAddr(), busy)
+	}
+	if st := getPolicy(t, in); st.LastReloadError != "" || st.ApplyError != "" {
+		t.Fatalf("errors left after a clean reload: %+v", st)
+	}
+	// Now in force: the same file is unchanged.
+	code, body = post(t, "http://"+in.AdminAddr()+"/v1/policy/reload", "tok")
+	if code != 200 || !strings.Contains(body, `"status": "applied"`) {
+		t.Fatalf("POST /v1/policy/reload of the policy in force: %d %s", code, body)
+	}
+	if got := metricValue(t, in, "warden_policy_reload_errors_total"); got != "4" {
+		t.Fatalf("warden_policy_reload_errors_total = %s after clean reloads, want 4", got)
+	}
+}
+
+func post(t *testing.T, url, token string) (int, string) {
+	t.Helper()
+	req, err := http.NewRequest(http.MethodPost, url, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if token != "" {
+		req.Header.Set("Authorization", "Bearer "+token)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b)
+}
