@@ -179,6 +179,20 @@ func (s *Slot) StopAccepting() {
 	}
 }
 
+// Retire empties the slot like Stop, but drains the server in the
+// background for at most DrainGrace, as Bind does with a replaced one: for
+// a listener that may be serving the very request that removes it (the
+// admin API's POST /v1/policy/reload), which Stop would wait for.
+func (s *Slot) Retire() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.cur == nil {
+		return
+	}
+	s.drainInBackground(s.cur)
+	s.cur, s.addr = nil, ""
+}
+
 // Shutdown stops the current server, waits for the background drains of
 // replaced ones until ctx ends, then cuts them, and then runs release (the
 // component frees what its requests used, now that none is left). The

@@ -327,6 +327,28 @@ func TestSlot(t *testing.T) {
 				t.Fatal("a bind after Stop did not start a listener")
 			}
 		}},
+		{"retire drains in the background", func(t *testing.T, f *fixture) {
+			f.bind(t, addrA)
+			addr := f.slot.Addr()
+			held := f.holdOn(addr)
+			f.slot.Retire() // returns with a request in flight
+			if f.slot.Addr() != "" || isShut(f.server(t, 0)) {
+				t.Fatal("Retire left the listener current or cut its request")
+			}
+			f.hold.free()
+			if r := within(t, held, "the held request"); r.err != nil || r.status != 200 {
+				t.Fatalf("the request in flight on the retired listener: %+v", r)
+			}
+			waitShut(t, f.server(t, 0))
+			if _, err := get(addr, "/"); err == nil {
+				t.Fatal("the retired address still accepts")
+			}
+			f.slot.Retire() // empty: nothing to do
+			f.bind(t, addrA)
+			if f.starts() != 2 || f.slot.Addr() == "" {
+				t.Fatal("a bind after Retire did not start a listener")
+			}
+		}},
 		{"grace cuts a replaced listener", func(t *testing.T, f *fixture) {
 			f.bind(t, addrA)
 			held := f.holdOn(f.slot.Addr())

@@ -1,53 +1,38 @@
 package app
 
 import (
-	"context"
-	"errors"
 	"fmt"
-	"net"
 	"net/http"
 	"time"
 
 	"github.com/warden-dev/warden/policy"
 	"github.com/warden-dev/warden/proxy/admin"
+	"github.com/warden-dev/warden/proxy/listener"
 )
 
-// applyAdmin starts, moves or stops the admin listener to match p.
-func (a *App) applyAdmin(p *policy.Policy) error {
-	a.adminMu.Lock()
-	defer a.adminMu.Unlock()
-	want := ""
+// newAdminSlot returns the admin listener's slot, empty until applyAdmin.
+func (a *App) newAdminSlot(p *policy.Policy) *listener.Slot {
+	tokenEnv := ""
 	if p.Admin != nil {
-		want = p.Admin.Listen
+		tokenEnv = p.Admin.TokenEnv
 	}
-	if want == a.adminAddr && a.adminSrv != nil {
+	a.adminHandler = admin.Handler(admin.Config{TokenEnv: tokenEnv, Metrics: a.metrics, Sources: a.adminSources(), Log: a.log})
+	return listener.NewSlot("admin listener", a.clk, a.log, func(addr string) (listener.Server, error) {
+		return listener.StartHTTP(addr, &http.Server{Handler: a.adminHandler, ReadHeaderTimeout: 10 * time.Second}, a.log)
+	})
+}
+
+// applyAdmin starts, moves or stops the admin listener to match p. A moved
+// address is bound before the old listener stops, so a taken one leaves
+// the admin API where it was and the error says why. The listener it
+// replaces, or stops when the admin section is gone, drains in the
+// background: it may be serving the POST /v1/policy/reload that got here.
+func (a *App) applyAdmin(p *policy.Policy) error {
+	if p.Admin == nil {
+		a.adminSlot.Retire()
 		return nil
 	}
-	old := a.adminSrv
-	a.adminSrv, a.adminLn, a.adminAddr = nil, nil, ""
-	if old != nil {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		_ = old.Shutdown(ctx)
-	}
-	if want == "" {
-		return nil
-	}
-	ln, err := net.Listen("tcp", want)
-	if err != nil {
-		return fmt.Errorf("admin listener: %w", err)
-	}
-	srv := &http.Server{
-		Handler:           admin.Handler(admin.Config{TokenEnv: p.Admin.TokenEnv, Metrics: a.metrics, Sources: a.adminSources(), Log: a.log}),
-		ReadHeaderTimeout: 10 * time.Second,
-	}
-	go func() {
-		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
-			a.log.Error("admin listener stopped", "err", err)
-		}
-	}()
-	a.adminSrv, a.adminLn, a.adminAddr = srv, ln, want
-	return nil
+	return a.adminSlot.Bind(p.Admin.Listen, func() error { return nil })
 }
 
 func (a *App) adminSources() admin.Sources {

@@ -9,7 +9,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"net"
 	"net/http"
 	"os"
 	"sync"
@@ -21,6 +20,7 @@ import (
 	"github.com/warden-dev/warden/governor/metrics"
 	"github.com/warden-dev/warden/policy"
 	"github.com/warden-dev/warden/proxy/admin"
+	"github.com/warden-dev/warden/proxy/listener"
 )
 
 // Options configure an App.
@@ -76,10 +76,11 @@ type App struct {
 	applyErr     string
 	lastReloadAt time.Time
 
-	adminMu   sync.Mutex
-	adminSrv  *http.Server
-	adminAddr string
-	adminLn   net.Listener
+	// adminSlot is the admin listener across reloads: a Slot, as the
+	// data-plane listeners have, so a move binds the new address before the
+	// old listener goes and a taken address leaves it where it was.
+	adminSlot    *listener.Slot
+	adminHandler http.Handler
 }
 
 // New loads and validates the policy and builds the process's controls; it
@@ -112,6 +113,7 @@ func New(opts Options) (*App, error) {
 	a.logWarnings(p)
 	a.gov.Apply(p)
 	a.components = a.buildComponents()
+	a.adminSlot = a.newAdminSlot(p)
 	a.metrics.PolicyInfo.WithLabelValues(p.Hash).Set(1)
 	return a, nil
 }
@@ -127,12 +129,7 @@ func (a *App) Started() <-chan struct{} { return a.started }
 
 // AdminAddr is the admin listener's bound address ("" when off).
 func (a *App) AdminAddr() string {
-	a.adminMu.Lock()
-	defer a.adminMu.Unlock()
-	if a.adminLn == nil {
-		return ""
-	}
-	return a.adminLn.Addr().String()
+	return a.adminSlot.Addr()
 }
 
 // Run starts everything and blocks until ctx ends, reloading whenever hup
@@ -361,16 +358,7 @@ func (a *App) shutdown() error {
 	for i := len(back) - 1; i >= 0; i-- {
 		note(back[i].Name(), back[i].Shutdown(ctx))
 	}
-	a.adminMu.Lock()
-	srv := a.adminSrv
-	a.adminMu.Unlock()
-	if srv != nil {
-		err := srv.Shutdown(ctx)
-		if err != nil {
-			srv.Close()
-		}
-		note("admin", err)
-	}
+	note("admin", a.adminSlot.Shutdown(ctx, func() error { return nil }))
 	if err := errors.Join(errs...); err != nil {
 		return err
 	}

@@ -11,6 +11,7 @@ import (
 	"testing"
 
 	"github.com/warden-dev/warden/governor/clock"
+	"github.com/warden-dev/warden/internal/fasttest"
 )
 
 // reloadTokenEnv names the admin token variable of these tests' policies.
@@ -140,6 +141,58 @@ func TestReloadRetriesWhatFailedToApply(t *testing.T) {
 	}
 	if got := metricValue(t, in, "warden_policy_reload_errors_total"); got != "4" {
 		t.Fatalf("warden_policy_reload_errors_total = %s after clean reloads, want 4", got)
+	}
+}
+
+// Moving the admin listener to a taken address keeps it where it was and
+// says why; once the address is free a reload moves it, even one sent to
+// the listener being moved, and removing the admin section stops it.
+func TestAdminListenerMoves(t *testing.T) {
+	t.Setenv(reloadTokenEnv, "tok")
+	adminPolicy := func(listen string) string {
+		return fmt.Sprintf("version: 1\nadmin: { listen: %q, token_env: %s }\n", listen, reloadTokenEnv)
+	}
+	in := startApp(t, adminPolicy("127.0.0.1:0"), "", clock.Real{})
+	old := in.AdminAddr()
+	busy, free := takenAddr(t)
+
+	writePolicy(t, in.file, adminPolicy(busy))
+	if err := in.Reload(); err == nil || !strings.Contains(err.Error(), "admin") {
+		t.Fatalf("admin moved onto a taken address: %v", err)
+	}
+	if in.AdminAddr() != old {
+		t.Fatalf("admin listener on %q after a failed move, want %s", in.AdminAddr(), old)
+	}
+	if st := getPolicy(t, in); !strings.Contains(st.ApplyError, "address already in use") {
+		t.Fatalf("/v1/policy does not report the failed move: %+v", st)
+	}
+
+	// Freed: the reload arrives on the old listener, which answers it
+	// while the new one takes over.
+	free()
+	if code, body := post(t, "http://"+old+"/v1/policy/reload", "tok"); code != 200 || !strings.Contains(body, `"status": "applied"`) {
+		t.Fatalf("POST /v1/policy/reload moving the admin listener: %d %s", code, body)
+	}
+	if in.AdminAddr() != busy {
+		t.Fatalf("admin listener on %q, want %s", in.AdminAddr(), busy)
+	}
+	if code, _ := getStatus(t, "http://"+busy+"/healthz"); code != 200 {
+		t.Fatalf("moved admin listener answers %d", code)
+	}
+	fasttest.WaitFor(t, "the old admin address to close", func() bool {
+		c, err := net.Dial("tcp", old)
+		if err == nil {
+			c.Close()
+		}
+		return err != nil
+	})
+
+	writePolicy(t, in.file, "version: 1\n")
+	if code, body := post(t, "http://"+busy+"/v1/policy/reload", "tok"); code != 200 {
+		t.Fatalf("POST /v1/policy/reload removing the admin listener: %d %s", code, body)
+	}
+	if in.AdminAddr() != "" {
+		t.Fatalf("admin listener on %q after its section was removed", in.AdminAddr())
 	}
 }
 
