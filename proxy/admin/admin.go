@@ -14,6 +14,7 @@ import (
 	"os"
 	"reflect"
 	"strings"
+	"sync/atomic"
 
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
@@ -60,16 +61,30 @@ type Sources struct {
 
 // Config is the admin listener's configuration.
 type Config struct {
-	TokenEnv string // environment variable holding the bearer token
+	TokenEnv string // environment variable holding the bearer token, read by New
 	Metrics  *metrics.Metrics
 	Sources  Sources
 	Log      *slog.Logger
 }
 
-// Handler returns the admin API.
-func Handler(cfg Config) http.Handler {
+// API is the admin API's handler. It outlives listeners: a reload that
+// moves admin.listen serves the same API on the new address, and
+// SetTokenEnv makes it follow admin.token_env.
+type API struct {
+	srv *server
+	mux *http.ServeMux
+}
+
+// token is the bearer token mutating calls need: the value of the variable
+// env, read when it was set; "" disables them.
+type token struct{ env, value string }
+
+// New returns the admin API, with the token read from cfg.TokenEnv now.
+func New(cfg Config) *API {
 	s := &server{cfg: cfg}
-	mux := http.NewServeMux()
+	api := &API{srv: s, mux: http.NewServeMux()}
+	api.SetTokenEnv(cfg.TokenEnv)
+	mux := api.mux
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
 	})
@@ -107,10 +122,30 @@ func Handler(cfg Config) http.Handler {
 	mux.HandleFunc("GET /v1/bridges", list(cfg.Sources.Bridges))
 	mux.HandleFunc("GET /v1/semaphores", list(cfg.Sources.Semaphores))
 	mux.HandleFunc("GET /v1/queues", list(cfg.Sources.Queues))
-	return mux
+	return api
 }
 
-type server struct{ cfg Config }
+// ServeHTTP serves the admin API.
+func (a *API) ServeHTTP(w http.ResponseWriter, r *http.Request) { a.mux.ServeHTTP(w, r) }
+
+// SetTokenEnv makes the value of the environment variable env, read now,
+// the bearer token of mutating calls from the next request on; an unset
+// or empty variable (or env "") disables them. The app calls it with
+// admin.token_env at start and at each reload it applies: the value is a
+// snapshot, not looked up per request, so what the policy says is what
+// is checked.
+func (a *API) SetTokenEnv(env string) {
+	t := &token{env: env}
+	if env != "" {
+		t.value = os.Getenv(env)
+	}
+	a.srv.tok.Store(t)
+}
+
+type server struct {
+	cfg Config
+	tok atomic.Pointer[token]
+}
 
 func (s *server) readyz(w http.ResponseWriter, r *http.Request) {
 	if s.cfg.Sources.Ready != nil {
@@ -175,18 +210,15 @@ func errorLines(err error) []string {
 // exposed by mistake cannot reset limits.
 func (s *server) authorized(next http.HandlerFunc) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
-		token := ""
-		if s.cfg.TokenEnv != "" {
-			token = os.Getenv(s.cfg.TokenEnv)
-		}
-		if token == "" {
-			writeError(w, http.StatusForbidden, "mutating admin calls are disabled: set "+tokenName(s.cfg.TokenEnv)+" to enable them")
+		tok := s.tok.Load()
+		if tok.value == "" {
+			writeError(w, http.StatusForbidden, "mutating admin calls are disabled: "+tokenName(tok.env)+" held no token when the policy was applied")
 			return
 		}
 		// The scheme is case-insensitive (RFC 9110 §11.1): "bearer" is as
 		// good as "Bearer".
 		scheme, got, ok := strings.Cut(r.Header.Get("Authorization"), " ")
-		if !ok || !strings.EqualFold(scheme, "Bearer") || !constantTimeEqual(got, token) {
+		if !ok || !strings.EqualFold(scheme, "Bearer") || !constantTimeEqual(got, tok.value) {
 			w.Header().Set("WWW-Authenticate", `Bearer realm="warden-admin"`)
 			writeError(w, http.StatusUnauthorized, "missing or wrong bearer token")
 			return

@@ -18,7 +18,7 @@ import (
 func TestAuthorization(t *testing.T) {
 	resets := 0
 	h := func(env string) http.Handler {
-		return Handler(Config{TokenEnv: env, Metrics: metrics.New(), Log: slog.New(slog.NewTextHandler(io.Discard, nil)),
+		return New(Config{TokenEnv: env, Metrics: metrics.New(), Log: slog.New(slog.NewTextHandler(io.Discard, nil)),
 			Sources: Sources{ResetPools: func() { resets++ }}})
 	}
 	t.Setenv("ADMIN_TEST_TOKEN", "tok")
@@ -61,7 +61,7 @@ func TestAuthorization(t *testing.T) {
 }
 
 func TestListsAreArraysAndGetsNeedNoToken(t *testing.T) {
-	srv := httptest.NewServer(Handler(Config{Metrics: metrics.New(), Log: slog.New(slog.NewTextHandler(io.Discard, nil)),
+	srv := httptest.NewServer(New(Config{Metrics: metrics.New(), Log: slog.New(slog.NewTextHandler(io.Discard, nil)),
 		Sources: Sources{Pools: func() any { var none []int; return none }}}))
 	defer srv.Close()
 	for _, path := range []string{"/v1/pools", "/v1/breakers", "/v1/tenants", "/v1/bridges", "/v1/semaphores", "/v1/queues"} {
@@ -80,7 +80,7 @@ func TestListsAreArraysAndGetsNeedNoToken(t *testing.T) {
 func TestReadyzReportsDegradedWithoutFailing(t *testing.T) {
 	degraded := []string{}
 	var notReady error
-	srv := httptest.NewServer(Handler(Config{Metrics: metrics.New(), Log: slog.New(slog.NewTextHandler(io.Discard, nil)),
+	srv := httptest.NewServer(New(Config{Metrics: metrics.New(), Log: slog.New(slog.NewTextHandler(io.Discard, nil)),
 		Sources: Sources{Ready: func() error { return notReady }, Degraded: func() []string { return degraded }}}))
 	defer srv.Close()
 	get := func() (int, string) {
@@ -126,7 +126,7 @@ func TestReloadAnswers(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			srv := httptest.NewServer(Handler(Config{TokenEnv: "ADMIN_TEST_TOKEN", Metrics: metrics.New(), Log: slog.New(slog.NewTextHandler(io.Discard, nil)),
+			srv := httptest.NewServer(New(Config{TokenEnv: "ADMIN_TEST_TOKEN", Metrics: metrics.New(), Log: slog.New(slog.NewTextHandler(io.Discard, nil)),
 				Sources: Sources{
 					Reload: func() error { return tc.err },
 					Policy: func() PolicyStatus { return PolicyStatus{Hash: "h1", Warnings: []string{}} },
@@ -154,5 +154,41 @@ func TestReloadAnswers(t *testing.T) {
 				t.Fatalf("policy status in the answer: %v, want it with every 200", applied)
 			}
 		})
+	}
+}
+
+// The token is read when the policy is applied (New, SetTokenEnv), not per
+// request: what was checked is what the applied policy named.
+func TestTokenIsReadWhenApplied(t *testing.T) {
+	t.Setenv("ADMIN_TEST_TOKEN", "first")
+	api := New(Config{TokenEnv: "ADMIN_TEST_TOKEN", Metrics: metrics.New(), Log: slog.New(slog.NewTextHandler(io.Discard, nil)),
+		Sources: Sources{ResetPools: func() {}}})
+	srv := httptest.NewServer(api)
+	defer srv.Close()
+	steps := []struct {
+		name  string
+		apply func()
+		codes map[string]int // bearer token → status
+	}{
+		{"at New", func() {}, map[string]int{"first": 200, "second": 401}},
+		{"variable changed, not applied", func() { t.Setenv("ADMIN_TEST_TOKEN", "second") }, map[string]int{"first": 200, "second": 401}},
+		{"applied", func() { api.SetTokenEnv("ADMIN_TEST_TOKEN") }, map[string]int{"first": 401, "second": 200}},
+		{"unset variable", func() { api.SetTokenEnv("ADMIN_TEST_UNSET") }, map[string]int{"first": 403, "second": 403}},
+		{"no variable", func() { api.SetTokenEnv("") }, map[string]int{"first": 403, "second": 403}},
+	}
+	for _, s := range steps {
+		s.apply()
+		for tok, want := range s.codes {
+			req, _ := http.NewRequest(http.MethodPost, srv.URL+"/v1/pools/reset", nil)
+			req.Header.Set("Authorization", "Bearer "+tok)
+			resp, err := http.DefaultClient.Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			resp.Body.Close()
+			if resp.StatusCode != want {
+				t.Errorf("%s: bearer %s: %d, want %d", s.name, tok, resp.StatusCode, want)
+			}
+		}
 	}
 }

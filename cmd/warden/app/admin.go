@@ -10,29 +10,31 @@ import (
 	"github.com/warden-dev/warden/proxy/listener"
 )
 
-// newAdminSlot returns the admin listener's slot, empty until applyAdmin.
-func (a *App) newAdminSlot(p *policy.Policy) *listener.Slot {
-	tokenEnv := ""
-	if p.Admin != nil {
-		tokenEnv = p.Admin.TokenEnv
-	}
-	a.adminHandler = admin.Handler(admin.Config{TokenEnv: tokenEnv, Metrics: a.metrics, Sources: a.adminSources(), Log: a.log})
+// newAdminSlot builds the admin API and its listener's slot, empty until
+// applyAdmin.
+func (a *App) newAdminSlot() *listener.Slot {
+	a.adminAPI = admin.New(admin.Config{Metrics: a.metrics, Sources: a.adminSources(), Log: a.log})
 	return listener.NewSlot("admin listener", a.clk, a.log, func(addr string) (listener.Server, error) {
-		return listener.StartHTTP(addr, &http.Server{Handler: a.adminHandler, ReadHeaderTimeout: 10 * time.Second}, a.log)
+		return listener.StartHTTP(addr, &http.Server{Handler: a.adminAPI, ReadHeaderTimeout: 10 * time.Second}, a.log)
 	})
 }
 
-// applyAdmin starts, moves or stops the admin listener to match p. A moved
+// applyAdmin starts, moves or stops the admin listener to match p, and
+// reads the bearer token from the variable admin.token_env names. A moved
 // address is bound before the old listener stops, so a taken one leaves
-// the admin API where it was and the error says why. The listener it
-// replaces, or stops when the admin section is gone, drains in the
-// background: it may be serving the POST /v1/policy/reload that got here.
+// the admin API where it was, with its token, and the error says why. The
+// listener it replaces, or stops when the admin section is gone, drains in
+// the background: it may be serving the POST /v1/policy/reload that got
+// here.
 func (a *App) applyAdmin(p *policy.Policy) error {
 	if p.Admin == nil {
 		a.adminSlot.Retire()
 		return nil
 	}
-	return a.adminSlot.Bind(p.Admin.Listen, func() error { return nil })
+	return a.adminSlot.Bind(p.Admin.Listen, func() error {
+		a.adminAPI.SetTokenEnv(p.Admin.TokenEnv)
+		return nil
+	})
 }
 
 func (a *App) adminSources() admin.Sources {

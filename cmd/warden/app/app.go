@@ -9,7 +9,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"net/http"
 	"os"
 	"sync"
 	"sync/atomic"
@@ -79,8 +78,8 @@ type App struct {
 	// adminSlot is the admin listener across reloads: a Slot, as the
 	// data-plane listeners have, so a move binds the new address before the
 	// old listener goes and a taken address leaves it where it was.
-	adminSlot    *listener.Slot
-	adminHandler http.Handler
+	adminSlot *listener.Slot
+	adminAPI  *admin.API
 }
 
 // New loads and validates the policy and builds the process's controls; it
@@ -113,7 +112,7 @@ func New(opts Options) (*App, error) {
 	a.logWarnings(p)
 	a.gov.Apply(p)
 	a.components = a.buildComponents()
-	a.adminSlot = a.newAdminSlot(p)
+	a.adminSlot = a.newAdminSlot()
 	a.metrics.PolicyInfo.WithLabelValues(p.Hash).Set(1)
 	return a, nil
 }

@@ -196,6 +196,41 @@ func TestAdminListenerMoves(t *testing.T) {
 	}
 }
 
+// The admin token follows every reload that changes admin.token_env: a
+// token can be rotated by pointing token_env at another variable, and
+// mutating calls disabled by pointing it at an unset one.
+func TestAdminTokenFollowsReload(t *testing.T) {
+	t.Setenv("WARDEN_RELOAD_TOKEN_A", "a-tok")
+	t.Setenv("WARDEN_RELOAD_TOKEN_B", "b-tok")
+	t.Setenv("WARDEN_RELOAD_TOKEN_UNSET", "")
+	policy := func(env string) string {
+		return fmt.Sprintf("version: 1\nadmin: { listen: \"127.0.0.1:0\", token_env: %s }\n", env)
+	}
+	in := startApp(t, policy("WARDEN_RELOAD_TOKEN_A"), "", clock.Real{})
+	steps := []struct {
+		tokenEnv string
+		codes    map[string]int // bearer token → status of POST /v1/pools/reset
+	}{
+		{"WARDEN_RELOAD_TOKEN_A", map[string]int{"a-tok": 200, "b-tok": 401}},
+		{"WARDEN_RELOAD_TOKEN_B", map[string]int{"a-tok": 401, "b-tok": 200}},
+		{"WARDEN_RELOAD_TOKEN_UNSET", map[string]int{"a-tok": 403, "b-tok": 403}},
+		{"WARDEN_RELOAD_TOKEN_A", map[string]int{"a-tok": 200, "b-tok": 401}},
+	}
+	for i, s := range steps {
+		if i > 0 {
+			writePolicy(t, in.file, policy(s.tokenEnv))
+			if err := in.Reload(); err != nil {
+				t.Fatal(err)
+			}
+		}
+		for tok, want := range s.codes {
+			if code, body := post(t, "http://"+in.AdminAddr()+"/v1/pools/reset", tok); code != want {
+				t.Errorf("token_env %s, bearer %s: %d %s, want %d", s.tokenEnv, tok, code, body, want)
+			}
+		}
+	}
+}
+
 func post(t *testing.T, url, token string) (int, string) {
 	t.Helper()
 	req, err := http.NewRequest(http.MethodPost, url, nil)
