@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/warden-dev/warden/governor/clock"
+	"github.com/warden-dev/warden/internal/loopback"
 	"github.com/warden-dev/warden/policy"
 )
 
@@ -52,7 +53,7 @@ func TestReloadChangedBridgeDrainsGracefully(t *testing.T) {
 
 	// Moving the listener: the old address stops accepting at once.
 	oldAddr := h.addr("rl")
-	h.mustApply(h.pgBridge("rl", func(b *policy.Bridge) { b.Listen = freeAddr(t) }))
+	h.mustApply(h.pgBridge("rl", func(b *policy.Bridge) { b.Listen = loopback.FreeAddr(t) }))
 	if c, err := net.DialTimeout("tcp", oldAddr, time.Second); err == nil {
 		c.Close()
 		t.Fatal("old listen address still accepts")
@@ -151,14 +152,4 @@ func (h *harness) connectE(name, app string) (*pgx.Conn, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	return pgx.Connect(ctx, h.connString(name, app))
-}
-
-func freeAddr(t *testing.T) string {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().String()
 }

@@ -58,3 +58,16 @@ func Serve(tb testing.TB, handle func(net.Conn)) string {
 	})
 	return ln.Addr().String()
 }
+
+// FreeAddr returns a loopback address nothing listens on: one the kernel
+// just handed out and that was closed again, for tests that need a
+// listener's address before it exists or a port that refuses.
+func FreeAddr(tb testing.TB) string {
+	tb.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		tb.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().String()
+}

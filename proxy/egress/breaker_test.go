@@ -12,6 +12,7 @@ import (
 	"github.com/valyala/fasthttp"
 
 	"github.com/warden-dev/warden/internal/fasttest"
+	"github.com/warden-dev/warden/internal/loopback"
 )
 
 const flakyBreaker = "circuit_breaker: { enabled: true, failure_ratio: 0.5, minimum_requests: 4, window: 30s, open: 5s, max_open: 60s }"
@@ -197,7 +198,7 @@ func TestBreakerClassification(t *testing.T) {
 	})
 	t.Run("connection errors", func(t *testing.T) {
 		f := start(t, egressPolicy("  allow_unlisted: false", "targets:\n"+
-			target("flaky", []string{"flaky.test"}, "http://"+freeAddr(t), flakyBreaker)), nil)
+			target("flaky", []string{"flaky.test"}, "http://"+loopback.FreeAddr(t), flakyBreaker)), nil)
 		for range 4 {
 			if r := f.do(t, "GET", "http://flaky.test/", nil); r.status != 502 {
 				t.Fatalf("connection refused: %+v", r)

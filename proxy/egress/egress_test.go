@@ -143,7 +143,7 @@ func TestConnectTunnel(t *testing.T) {
 		}
 	}
 	// A CONNECT that cannot dial is a 502 counted against the target.
-	dead := freeAddr(t)
+	dead := loopback.FreeAddr(t)
 	resp, body := fasttest.Raw(t, f.addr, "CONNECT "+dead+" HTTP/1.1\r\nHost: "+dead+"\r\n\r\n")
 	if resp.StatusCode != 502 || resp.Header.Get("X-Warden-Control") != "upstream" {
 		t.Fatalf("dead CONNECT: %d %s", resp.StatusCode, body)
@@ -151,7 +151,7 @@ func TestConnectTunnel(t *testing.T) {
 }
 
 func TestConnectFailuresOpenBreaker(t *testing.T) {
-	dead := freeAddr(t)
+	dead := loopback.FreeAddr(t)
 	f := start(t, egressPolicy("  allow_unlisted: false", "targets:\n"+target("db", []string{dead}, "",
 		"circuit_breaker: { enabled: true, minimum_requests: 2, failure_ratio: 0.5, open: 5s }")), nil)
 	for range 2 {

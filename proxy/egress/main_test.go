@@ -5,7 +5,6 @@ import (
 	"crypto/tls"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"net/url"
 	"strings"
@@ -114,18 +113,6 @@ func (f *fixture) goDo(method, target string, hdr map[string]string) <-chan repl
 		ch <- r
 	}()
 	return ch
-}
-
-// freeAddr returns an address nothing listens on.
-func freeAddr(t *testing.T) string {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := ln.Addr().String()
-	ln.Close()
-	return addr
 }
 
 func target(name string, hosts []string, upstream, extra string) string {

@@ -68,18 +68,6 @@ func await[T any](t *testing.T, ch <-chan T, bound time.Duration, what string) T
 	}
 }
 
-// freeAddr is a loopback address nothing listens on (for listeners whose
-// bound address warden does not report, such as a bridge's).
-func freeAddr(t *testing.T) string {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().String()
-}
-
 // prompt bounds what must happen "at once" when the drain starts: far
 // below the grace, far above a loopback round trip.
 const prompt = time.Second
@@ -144,7 +132,7 @@ func TestShutdownStopsEveryListenerAtOnce(t *testing.T) {
 		t.Run(c.name, func(t *testing.T) {
 			w := newWorker(t)
 			bridgeUp := loopback.Serve(t, func(c net.Conn) { _, _ = io.Copy(io.Discard, c) })
-			bridgeAddr := freeAddr(t)
+			bridgeAddr := loopback.FreeAddr(t)
 			log, draining := watchLog("draining")
 			in := startAppWith(t, fmt.Sprintf(`version: 1
 shutdown_grace: 30s
