@@ -405,9 +405,18 @@ type pair struct{ k, v *yaml.Node }
 // later ones.
 func (d *decoder) pairs(path string, n *yaml.Node) []pair {
 	own := map[string]*yaml.Node{}
+	// A mapping may have one << like any other key: yaml.v3 would keep the
+	// first of two, silently dropping what the second one merges.
+	var merge *yaml.Node
+	mergeAt := -1
 	for i := 0; i+1 < len(n.Content); i += 2 {
 		k := resolve(n.Content[i])
 		if isMerge(k) {
+			if merge != nil {
+				d.addf(d.pos(k), "duplicate key %q %s (first at line %d); merge several mappings with one: <<: [*a, *b]", k.Value, where(path), merge.Line)
+				continue
+			}
+			merge, mergeAt = k, i
 			continue
 		}
 		if k.Kind != yaml.ScalarNode {
@@ -425,6 +434,9 @@ func (d *decoder) pairs(path string, n *yaml.Node) []pair {
 	for i := 0; i+1 < len(n.Content); i += 2 {
 		k, v := resolve(n.Content[i]), n.Content[i+1]
 		if isMerge(k) {
+			if i != mergeAt {
+				continue
+			}
 			for _, m := range d.mergeSources(path, v) {
 				if own[m.k.Value] == nil && !merged[m.k.Value] {
 					merged[m.k.Value] = true

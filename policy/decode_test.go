@@ -30,6 +30,8 @@ var errorCases = []struct {
 	{"two documents", "version: 1\n---\nversion: 1\n", "2:1: a policy file holds one YAML document", 0},
 	{"duplicate key top", "version: 1\nversion: 1\n", `2:1: duplicate key "version" at top level (first at line 1)`, 0},
 	{"duplicate key nested", "version: 1\nadmin:\n  listen: 127.0.0.1:1\n  listen: 127.0.0.1:2\n", `4:3: duplicate key "listen" in admin (first at line 3)`, 0},
+	{"duplicate merge key", "version: 1\npools:\n  p3:\n    <<: {rate: 1, window: 60}\n    <<: {rate: 2, window: 60}\n", `5:5: duplicate key "<<" in pools.p3 (first at line 4)`, 0},
+	{"duplicate merge key top", "version: 1\n<<: {shutdown_grace: 1s}\n<<: {shutdown_grace: 2s}\n", `3:1: duplicate key "<<" at top level (first at line 2)`, 0},
 	{"non-string key", "version: 1\n[a]: 1\n", "2:1: keys must be strings, got a list", 0},
 	{"null value", "version: 1\nadmin:\n", "2:7: admin: has no value", 0},
 
@@ -259,6 +261,27 @@ targets:
 	}
 	if c := p.Targets[2].CircuitBreaker; !c.Enabled || c.Open.String() != "10s" {
 		t.Errorf("aliased breaker = %+v", *c)
+	}
+}
+
+// One << with a list merges every mapping in it, earlier ones winning; it
+// is the way to merge several, since a second << is a duplicate key.
+func TestMergeKeyList(t *testing.T) {
+	src := `version: 1
+pools:
+  a: &a {rate: 1, window: 60}
+  b: &b {rate: 2, window: 1, concurrency: 3}
+  c:
+    <<: [*a, *b]
+    queue: 7
+`
+	p, err := Parse("t.yaml", []byte(src))
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, _ := p.PoolByName("c")
+	if c.Rate != 1 || c.Concurrency != 3 || c.Queue != 7 {
+		t.Errorf("pool c = %+v, want rate 1 (from a), concurrency 3 (from b), queue 7", c)
 	}
 }
 
