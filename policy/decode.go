@@ -18,10 +18,19 @@ import (
 	"gopkg.in/yaml.v3"
 )
 
-// maxVisits bounds how many values one file may decode to. Aliases let a
-// small file name the same subtree many times over ("billion laughs"); the
-// schema is only a few levels deep, so honest files stay far below this.
-const maxVisits = 200_000
+// maxAliasValues bounds how many keys and values one file may reach through
+// aliases (*name, <<: *name). Aliases let a small file name the same subtree
+// many times over ("billion laughs"), so what they expand to is not bounded
+// by the file's size; what the file writes out is (maxFileSize), and is not
+// counted here. Honest files alias a breaker or a retry block, far below
+// this.
+const maxAliasValues = 200_000
+
+// maxFileSize bounds the policy file itself, so that what a file writes
+// out is bounded too. Parsing holds the whole node tree in memory, some 65
+// times the file's size while it lasts (a 3.7 MB file of 100,000 tenant
+// overrides peaks at 260 MB resident in warden validate).
+const maxFileSize = 8 << 20
 
 // YAML core-schema tags as yaml.v3 reports them from Node.ShortTag.
 const (
@@ -44,7 +53,7 @@ var (
 // cannot be read yields an error naming the path; a file that does not
 // validate yields Errors.
 func Load(path string) (*Policy, error) {
-	data, err := os.ReadFile(path)
+	data, err := readLimited(path)
 	if err != nil {
 		// os errors already carry the path; unwrap so it is named once.
 		var pe *fs.PathError
@@ -56,6 +65,17 @@ func Load(path string) (*Policy, error) {
 	return Parse(path, data)
 }
 
+// readLimited reads path up to one byte past maxFileSize: enough for Parse
+// to report a file too large, without reading all of one named by mistake.
+func readLimited(path string) ([]byte, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	return io.ReadAll(io.LimitReader(f, maxFileSize+1))
+}
+
 // Parse decodes, validates and completes the policy in data; file is the
 // name used in positions. On any error it returns a nil policy and an
 // Errors holding every problem in file order. The returned policy has every
@@ -63,7 +83,9 @@ func Load(path string) (*Policy, error) {
 func Parse(file string, data []byte) (*Policy, error) {
 	d := newDecoder(file)
 	p := &Policy{}
-	if root := d.document(data); root != nil {
+	if len(data) > maxFileSize {
+		d.addf(Position{File: file, Line: 1, Column: 1}, "the file is over %d bytes (%d MiB), the most a policy file may hold", maxFileSize, maxFileSize>>20)
+	} else if root := d.document(data); root != nil {
 		d.decode("", root, reflect.ValueOf(p).Elem(), checks{})
 		if !d.halted {
 			validate(p, d)
@@ -107,17 +129,35 @@ type decoder struct {
 	locs   map[string]loc      // path → where the file wrote it
 	bad    map[string]bool     // paths whose value was reported as wrong
 	merges map[*yaml.Node]bool // mappings being merged (<<), to stop cycles
-	visits int
-	halted bool
+	// aliased is above zero while the walk is inside a subtree reached
+	// through an alias; aliasValues counts what it decodes there.
+	aliased     int
+	aliasValues int
+	halted      bool
+	schemas     map[reflect.Type]*schema
+	unknown     map[*yaml.Node]bool // unknown keys reported
 }
 
 func newDecoder(file string) *decoder {
 	return &decoder{
-		file:   file,
-		locs:   map[string]loc{},
-		bad:    map[string]bool{},
-		merges: map[*yaml.Node]bool{},
+		file:    file,
+		locs:    map[string]loc{},
+		bad:     map[string]bool{},
+		merges:  map[*yaml.Node]bool{},
+		schemas: map[reflect.Type]*schema{},
+		unknown: map[*yaml.Node]bool{},
 	}
+}
+
+// schema is schemaOf(t), read once per Parse.
+func (d *decoder) schema(t reflect.Type) *schema {
+	s := d.schemas[t]
+	if s == nil {
+		v := schemaOf(t)
+		s = &v
+		d.schemas[t] = s
+	}
+	return s
 }
 
 // ---- document ----
@@ -206,15 +246,20 @@ func resolve(n *yaml.Node) *yaml.Node {
 
 // ---- walking ----
 
-// step counts one more value decoded and reports whether decoding may go
-// on; past maxVisits it reports the file once and halts.
+// step counts one more key or value reached through an alias and reports
+// whether decoding may go on; past maxAliasValues it reports the file once
+// and halts. What the file writes out is not counted: it is bounded by
+// maxFileSize and decoded once.
 func (d *decoder) step(path string, n *yaml.Node) bool {
 	if d.halted {
 		return false
 	}
-	if d.visits++; d.visits > maxVisits {
+	if d.aliased == 0 {
+		return true
+	}
+	if d.aliasValues++; d.aliasValues > maxAliasValues {
 		d.halted = true
-		d.failf(path, n, "aliases expand to more than %d values; write the file out with fewer aliases", maxVisits)
+		d.failf(path, n, "aliases expand to more than %d keys and values; write the file out with fewer aliases", maxAliasValues)
 		return false
 	}
 	return true
@@ -222,6 +267,10 @@ func (d *decoder) step(path string, n *yaml.Node) bool {
 
 // decode stores the value of node n, found at path, into v.
 func (d *decoder) decode(path string, n *yaml.Node, v reflect.Value, c checks) {
+	if n.Kind == yaml.AliasNode {
+		d.aliased++
+		defer func() { d.aliased-- }()
+	}
 	if !d.step(path, n) {
 		return
 	}
@@ -290,19 +339,25 @@ func (d *decoder) structure(path string, n *yaml.Node, v reflect.Value) {
 		d.typeErr(path, n, "a mapping")
 		return
 	}
-	s := schemaOf(v.Type())
+	s := d.schema(v.Type())
 	seen := map[string]bool{}
 	for _, kv := range d.pairs(path, n) {
 		name := kv.k.Value
 		f, ok := s.byName[name]
 		if !ok {
+			// An aliased mapping is walked once per alias; its unknown
+			// key is one mistake, written once.
+			if d.unknown[kv.k] {
+				continue
+			}
+			d.unknown[kv.k] = true
 			d.addf(d.pos(kv.k), "unknown key %q %s%s", name, where(path), suggest(name, s.names()))
 			continue
 		}
 		p := child(path, name)
 		d.record(path, p, kv.k, kv.v)
 		seen[name] = true
-		d.decode(p, kv.v, v.Field(f.index), f.checks)
+		d.decodePair(p, kv, v.Field(f.index), f.checks)
 	}
 	for _, f := range s.fields {
 		if f.checks.required && !seen[f.name] {
@@ -319,7 +374,7 @@ func (d *decoder) structure(path string, n *yaml.Node, v reflect.Value) {
 // (Pool), a mapping of name to settings in file order.
 func (d *decoder) list(path string, n *yaml.Node, v reflect.Value, c checks) {
 	et := v.Type().Elem()
-	if et.Kind() == reflect.Struct && schemaOf(et).nameField >= 0 {
+	if et.Kind() == reflect.Struct && d.schema(et).nameField >= 0 {
 		d.namedList(path, n, v, c)
 		return
 	}
@@ -332,7 +387,7 @@ func (d *decoder) list(path string, n *yaml.Node, v reflect.Value, c checks) {
 		p := index(path, i)
 		d.record(path, p, nil, item)
 		d.decode(p, item, out.Index(i), c.elem())
-		setNamePos(out.Index(i), "", d.pos(item))
+		d.setNamePos(out.Index(i), "", d.pos(item))
 	}
 	v.Set(out)
 }
@@ -377,18 +432,18 @@ func (d *decoder) entry(path string, kv pair, e reflect.Value, c checks) bool {
 	}
 	p := child(path, name)
 	d.record(path, p, kv.k, kv.v)
-	d.decode(p, kv.v, e, c.elem())
-	setNamePos(e, name, d.pos(kv.k))
+	d.decodePair(p, kv, e, c.elem())
+	d.setNamePos(e, name, d.pos(kv.k))
 	return true
 }
 
 // setNamePos fills the Name (when yaml:"-", i.e. taken from the mapping key)
 // and Pos fields of a decoded struct.
-func setNamePos(v reflect.Value, name string, pos Position) {
+func (d *decoder) setNamePos(v reflect.Value, name string, pos Position) {
 	if v.Kind() != reflect.Struct {
 		return
 	}
-	s := schemaOf(v.Type())
+	s := d.schema(v.Type())
 	if s.nameField >= 0 && name != "" {
 		v.Field(s.nameField).SetString(name)
 	}
@@ -397,7 +452,21 @@ func setNamePos(v reflect.Value, name string, pos Position) {
 	}
 }
 
-type pair struct{ k, v *yaml.Node }
+// pair is one key: value entry of a mapping; aliased marks one merged in
+// through an alias (<<: *base), which counts towards maxAliasValues.
+type pair struct {
+	k, v    *yaml.Node
+	aliased bool
+}
+
+// decodePair decodes the value of kv, found at path, into v.
+func (d *decoder) decodePair(path string, kv pair, v reflect.Value, c checks) {
+	if kv.aliased {
+		d.aliased++
+		defer func() { d.aliased-- }()
+	}
+	d.decode(path, kv.v, v, c)
+}
 
 // pairs lists the entries of mapping n in file order, reporting duplicate
 // and non-string keys, and expanding merge keys (<<: *base) the YAML way:
@@ -411,6 +480,11 @@ func (d *decoder) pairs(path string, n *yaml.Node) []pair {
 	mergeAt := -1
 	for i := 0; i+1 < len(n.Content); i += 2 {
 		k := resolve(n.Content[i])
+		// Keys are counted too: an aliased mapping of unknown keys
+		// decodes no value, but reports every key each time.
+		if !d.step(path, k) {
+			return nil
+		}
 		if isMerge(k) {
 			if merge != nil {
 				d.addf(d.pos(k), "duplicate key %q %s (first at line %d); merge several mappings with one: <<: [*a, *b]", k.Value, where(path), merge.Line)
@@ -446,7 +520,7 @@ func (d *decoder) pairs(path string, n *yaml.Node) []pair {
 			continue
 		}
 		if k.Kind == yaml.ScalarNode && own[k.Value] == k {
-			out = append(out, pair{k, v})
+			out = append(out, pair{k: k, v: v})
 		}
 	}
 	return out
@@ -454,7 +528,19 @@ func (d *decoder) pairs(path string, n *yaml.Node) []pair {
 
 func isMerge(k *yaml.Node) bool { return k.Kind == yaml.ScalarNode && k.ShortTag() == tagMerge }
 
-func (d *decoder) mergeSources(path string, v *yaml.Node) []pair {
+// mergeSources lists the pairs the value v of a << brings in. Pairs that
+// come through an alias (<<: *base, <<: [*a, *b]) are marked aliased, as
+// decoding them expands the alias.
+func (d *decoder) mergeSources(path string, v *yaml.Node) (out []pair) {
+	if v.Kind == yaml.AliasNode {
+		d.aliased++
+		defer func() {
+			d.aliased--
+			for i := range out {
+				out[i].aliased = true
+			}
+		}()
+	}
 	v = resolve(v)
 	if d.merges[v] {
 		d.addf(d.pos(v), "%s<< merges a mapping into itself", prefix(path))
@@ -469,11 +555,9 @@ func (d *decoder) mergeSources(path string, v *yaml.Node) []pair {
 	case yaml.MappingNode:
 		return d.pairs(path, v)
 	case yaml.SequenceNode:
-		var out []pair
 		for _, item := range v.Content {
-			item = resolve(item)
-			if item.Kind != yaml.MappingNode {
-				d.addf(d.pos(item), "%s<< takes a mapping or a list of mappings, got %s", prefix(path), describe(item))
+			if r := resolve(item); r.Kind != yaml.MappingNode {
+				d.addf(d.pos(r), "%s<< takes a mapping or a list of mappings, got %s", prefix(path), describe(r))
 				continue
 			}
 			out = append(out, d.mergeSources(path, item)...)

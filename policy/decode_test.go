@@ -1,6 +1,7 @@
 package policy
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"os"
@@ -291,24 +292,76 @@ func TestSelfMergeDoesNotHang(t *testing.T) {
 }
 
 func TestAliasBombIsBounded(t *testing.T) {
-	// 500 aliases to a target with 500 hosts is 250,000 values from a
-	// ~4 KB file, past the bound; decoding must stop with an error instead
-	// of expanding them all.
-	var b strings.Builder
-	b.WriteString("version: 1\ntargets:\n  - &t {name: a, hosts: [")
-	for i := range 500 {
-		if i > 0 {
-			b.WriteString(", ")
+	// Each file is a few KB whose aliases expand to about 250,000 keys and
+	// values, past the bound; decoding must stop with an error instead of
+	// expanding them all.
+	list := func(n int, item string) string {
+		return strings.TrimSuffix(strings.Repeat(item+", ", n), ", ")
+	}
+	repeat := func(n int, line string) string { return strings.Repeat(line+"\n", n) }
+	keys := func(n int) string {
+		var b strings.Builder
+		for i := range n {
+			fmt.Fprintf(&b, ", k%d: 1", i)
 		}
-		b.WriteString("h")
+		return b.String()
 	}
-	b.WriteString("]}\n")
-	for range 500 {
-		b.WriteString("  - *t\n")
+	for _, tc := range []struct{ name, src string }{
+		{"alias", "version: 1\ntargets:\n  - &t {name: a, hosts: [" + list(500, "h") + "]}\n" + repeat(500, "  - *t")},
+		{"merge of an alias", "version: 1\ntargets:\n  - &t {name: a, hosts: [" + list(500, "h") + "]}\n" + repeat(500, "  - {<<: *t}")},
+		{"merge of a list of aliases", "version: 1\ntargets:\n  - &t {name: a, hosts: [" + list(500, "h") + "]}\n" + repeat(500, "  - {<<: [*t]}")},
+		// Unknown keys decode no value, but each is reported every time
+		// the mapping is named.
+		{"unknown keys", "version: 1\ntargets:\n  - &t {name: a, hosts: [h]" + keys(500) + "}\n" + repeat(500, "  - *t")},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := Parse("t.yaml", []byte(tc.src))
+			if err == nil || !strings.Contains(err.Error(), "aliases expand to more than 200000 keys and values") {
+				t.Fatalf("want the alias bound to trip, got %.300v", err)
+			}
+		})
 	}
-	_, err := Parse("t.yaml", []byte(b.String()))
-	if err == nil || !strings.Contains(err.Error(), "aliases expand to more than") {
-		t.Fatalf("want the alias bound to trip, got %.200v", err)
+}
+
+// tenantsPolicy is a policy with n ingress tenant overrides and no alias,
+// the shape of a large generated file.
+func tenantsPolicy(n int) []byte {
+	var b strings.Builder
+	b.WriteString("version: 1\ningress:\n  listen: ':1'\n  worker: 'http://w'\n  tenant: {rate: 100, window: 1}\n  tenants:\n")
+	for i := range n {
+		fmt.Fprintf(&b, "    t%d: { rate: 500, window: 1 }\n", i)
+	}
+	return []byte(b.String())
+}
+
+// A file without aliases expands to nothing: however many values it holds,
+// the alias bound must not count them.
+func TestLargePolicyWithoutAliases(t *testing.T) {
+	const n = 100_000 // 7 values each: 700,000, well past maxAliasValues
+	p, err := Parse("t.yaml", tenantsPolicy(n))
+	if err != nil {
+		t.Fatalf("%.300v", err)
+	}
+	if got := len(p.Ingress.Tenants); got != n {
+		t.Fatalf("%d tenants decoded, want %d", got, n)
+	}
+}
+
+// What a file writes out is bounded by its size, which Load and Parse
+// check before parsing.
+func TestFileSizeBound(t *testing.T) {
+	big := append([]byte("version: 1\n"), bytes.Repeat([]byte("#\n"), maxFileSize/2)...)
+	path := filepath.Join(t.TempDir(), "big.yaml")
+	if err := os.WriteFile(path, big, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	_, err := Load(path)
+	want := fmt.Sprintf("%s:1:1: the file is over %d bytes (8 MiB), the most a policy file may hold", path, maxFileSize)
+	if err == nil || err.Error() != want {
+		t.Fatalf("Load(%d bytes) = %v\nwant %s", len(big), err, want)
+	}
+	if _, err := Parse("t.yaml", big[:maxFileSize]); err != nil {
+		t.Fatalf("Parse(%d bytes) = %.200v; want the largest file accepted", maxFileSize, err)
 	}
 }
 
