@@ -99,7 +99,7 @@ func (s *Set) Name() string { return "bridges" }
 func (s *Set) listen(addr string) (net.Listener, error) {
 	ln, err := s.lc.Listen(context.Background(), "tcp", addr)
 	if err != nil {
-		return nil, fmt.Errorf("bridge listener: %w", err)
+		return nil, fmt.Errorf("listen on %s: %w", addr, err)
 	}
 	return ln, nil
 }
@@ -115,7 +115,7 @@ func (s *Set) Apply(_ context.Context, c *governor.Controls) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.shut {
-		return errors.New("bridges are shut down")
+		return errors.New("shut down")
 	}
 	want := map[string]bool{}
 	for _, cfg := range cfgs {

@@ -82,7 +82,7 @@ func (e *Egress) build(c *governor.Controls) (*table, error) {
 		for _, h := range pt.Hosts {
 			key, err := httpwire.HostKey(h)
 			if err != nil {
-				return nil, fmt.Errorf("egress: target %s: %w", pt.Name, err)
+				return nil, fmt.Errorf("target %s: %w", pt.Name, err)
 			}
 			tb.byHost[key] = r
 		}
@@ -101,7 +101,7 @@ func (e *Egress) build(c *governor.Controls) (*table, error) {
 func (e *Egress) fixUpstream(r *route, name, upstream string) error {
 	u, err := url.Parse(upstream)
 	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-		return fmt.Errorf("egress: target %s: upstream %q is not an http(s) origin", name, upstream)
+		return fmt.Errorf("target %s: upstream %q is not an http(s) origin", name, upstream)
 	}
 	addr := u.Host
 	if u.Port() == "" {

@@ -78,7 +78,7 @@ func (g *Grpc) build(c *governor.Controls) (*table, error) {
 		for _, h := range pt.Hosts {
 			key, err := httpwire.HostKey(h)
 			if err != nil {
-				return nil, fmt.Errorf("grpc egress: target %s: %w", pt.Name, err)
+				return nil, fmt.Errorf("target %s: %w", pt.Name, err)
 			}
 			tb.byHost[key] = r
 		}
@@ -106,7 +106,7 @@ func (g *Grpc) route(pt policy.Target, gt *governor.Target, tb *table) (*route, 
 	if pt.Upstream != "" {
 		u, err := url.Parse(pt.Upstream)
 		if err != nil || u.Host == "" {
-			return nil, fmt.Errorf("grpc egress: target %s: upstream %q is not an origin", pt.Name, pt.Upstream)
+			return nil, fmt.Errorf("target %s: upstream %q is not an origin", pt.Name, pt.Upstream)
 		}
 		switch u.Scheme {
 		case "h2c", "http":
@@ -114,7 +114,7 @@ func (g *Grpc) route(pt policy.Target, gt *governor.Target, tb *table) (*route, 
 			r.scheme = "https"
 			serverName = u.Hostname()
 		default:
-			return nil, fmt.Errorf("grpc egress: target %s: upstream scheme %q (want h2c, http or https)", pt.Name, u.Scheme)
+			return nil, fmt.Errorf("target %s: upstream scheme %q (want h2c, http or https)", pt.Name, u.Scheme)
 		}
 		r.host = u.Host
 		if u.Port() == "" {

@@ -2,7 +2,7 @@ package listener
 
 import (
 	"context"
-	"fmt"
+	"errors"
 	"log/slog"
 	"net"
 	"sync"
@@ -38,7 +38,7 @@ const DrainGrace = 30 * time.Second
 // (Addr waits meanwhile); Shutdown drains without the lock, so Addr, Ready
 // and Err answer at once during a drain.
 type Slot struct {
-	name  string // prefixes errors and log lines, as in "egress: listen on …"
+	name  string // prefixes log lines; errors leave naming the component to the caller
 	start StartFunc
 	clk   clock.Clock
 	log   *slog.Logger
@@ -55,7 +55,8 @@ type Slot struct {
 }
 
 // NewSlot returns an empty slot: start starts its servers, clk times the
-// drains of replaced ones, name prefixes its errors and log lines.
+// drains of replaced ones, name prefixes its log lines. Errors do not
+// start with name: the app puts the component's name before them.
 func NewSlot(name string, clk clock.Clock, log *slog.Logger, start StartFunc) *Slot {
 	drainCtx, cancel := context.WithCancel(context.Background())
 	return &Slot{name: name, start: start, clk: clk, log: log, drainCtx: drainCtx, cancelDrain: cancel}
@@ -81,7 +82,7 @@ func (s *Slot) Err() error {
 
 func (s *Slot) errLocked() error {
 	if s.closed {
-		return fmt.Errorf("%s is shut down", s.name)
+		return errors.New("listener is shut down")
 	}
 	return nil
 }
@@ -90,7 +91,7 @@ func (s *Slot) errLocked() error {
 // server is bound.
 func (s *Slot) Ready(configured bool) error {
 	if configured && s.Addr() == "" {
-		return fmt.Errorf("%s listener not bound", s.name)
+		return errors.New("listener not bound")
 	}
 	return nil
 }
@@ -113,7 +114,7 @@ func (s *Slot) Bind(addr string, build func() error) error {
 	if s.cur == nil || s.addr != addr {
 		srv, err := s.start(addr)
 		if err != nil {
-			return fmt.Errorf("%s: %w", s.name, err)
+			return err
 		}
 		next = srv
 	}

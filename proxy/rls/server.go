@@ -77,7 +77,7 @@ func (s *Server) Apply(ctx context.Context, c *governor.Controls) error {
 	}
 	ln, err := net.Listen("tcp", p.Listen)
 	if err != nil {
-		return fmt.Errorf("rls listener %s: %w", p.Listen, err)
+		return fmt.Errorf("listen on %s: %w", p.Listen, err)
 	}
 	old, oldHS := s.srv, s.hs
 	s.srv, s.hs, s.ln, s.addr = s.newGRPC(), health.NewServer(), ln, p.Listen
@@ -194,7 +194,7 @@ func (s *Server) Ready() error {
 		return nil
 	}
 	if s.Addr() == "" {
-		return errors.New("rls listener not bound")
+		return errors.New("listener not bound")
 	}
 	return nil
 }

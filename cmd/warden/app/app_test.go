@@ -4,6 +4,7 @@ import (
 	"context"
 	"io"
 	"log/slog"
+	"net"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -97,5 +98,62 @@ pools:
 	cancel()
 	if err := <-done; err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestErrorsNameTheComponentOnce: the app puts the component's name before
+// its error, so the component's own text must not start with it again
+// ("egress: egress: listen on ...").
+func TestErrorsNameTheComponentOnce(t *testing.T) {
+	busy, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer busy.Close()
+	addr := busy.Addr().String()
+	for _, tc := range []struct {
+		name   string
+		reload bool   // false: the policy fails at start; true: on reload
+		policy string // after "version: 1\n"
+		want   string // the error's beginning
+	}{
+		{"ingress start", false, "ingress: {listen: '" + addr + "', worker: 'http://127.0.0.1:9'}\n", "start ingress: listen on " + addr + ": "},
+		{"egress start", false, "egress: {http_listen: '" + addr + "'}\n", "start egress: listen on " + addr + ": "},
+		{"grpc start", false, "egress: {grpc_listen: '" + addr + "'}\n", "start grpc: listen on " + addr + ": "},
+		{"rls start", false, "rls: {listen: '" + addr + "'}\n", "start rls: listen on " + addr + ": "},
+		{"bridge start", false, "bridges:\n  - {name: db, listen: '" + addr + "', upstream: '127.0.0.1:9'}\n", "start bridges: bridge db: listen on " + addr + ": "},
+		{"egress reload", true, "egress: {http_listen: '" + addr + "'}\n", "egress: listen on " + addr + ": "},
+		{"backend reload", true, "backend: {kind: redis, url: 'redis://127.0.0.1:1/0'}\n", "backend: kind changed from memory to redis: "},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			file := filepath.Join(t.TempDir(), "p.yaml")
+			if tc.reload {
+				writePolicy(t, file, "version: 1\n")
+			} else {
+				writePolicy(t, file, "version: 1\n"+tc.policy)
+			}
+			a, err := New(Options{PolicyFile: file, DataDir: t.TempDir(), Log: slog.New(slog.NewTextHandler(io.Discard, nil)), NoWatch: true})
+			if err != nil {
+				t.Fatal(err)
+			}
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			done := make(chan error, 1)
+			go func() { done <- a.Run(ctx, nil) }()
+			if tc.reload {
+				<-a.Started()
+				writePolicy(t, file, "version: 1\n"+tc.policy)
+				err = a.Reload()
+				cancel()
+				if rerr := <-done; rerr != nil {
+					t.Fatalf("Run: %v", rerr)
+				}
+			} else {
+				err = <-done
+			}
+			if err == nil || !strings.HasPrefix(err.Error(), tc.want) {
+				t.Fatalf("error = %v\nwant it to begin %q", err, tc.want)
+			}
+		})
 	}
 }

@@ -2,6 +2,7 @@ package app
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"sync"
@@ -85,7 +86,7 @@ func (b *backend) Apply(_ context.Context, c *governor.Controls) error {
 	}
 	if b.red == nil {
 		if next.Kind == "redis" {
-			return fmt.Errorf("backend.kind changed from memory to redis: restart warden to share windows through Redis (windows stay in memory until then)")
+			return errors.New("kind changed from memory to redis: restart warden to share windows through Redis (windows stay in memory until then)")
 		}
 		b.cur = next
 		return nil
@@ -97,7 +98,7 @@ func (b *backend) Apply(_ context.Context, c *governor.Controls) error {
 	}
 	cfg := b.redisConfig(next)
 	if err := b.red.Reconfigure(&cfg); err != nil {
-		return fmt.Errorf("backend: %w", err)
+		return err // the app names the component; this names backend.url
 	}
 	b.log.Info("backend reconfigured", "url", policy.RedactURL(next.URL), "on_error", next.OnError)
 	b.cur = next
