@@ -359,6 +359,9 @@ func (d *decoder) structure(path string, n *yaml.Node, v reflect.Value) {
 		seen[name] = true
 		d.decodePair(p, kv, v.Field(f.index), f.checks)
 	}
+	if d.halted {
+		return // keys past the alias bound were never read: none is missing
+	}
 	for _, f := range s.fields {
 		if f.checks.required && !seen[f.name] {
 			at := d.pos(n)
