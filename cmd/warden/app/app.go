@@ -178,7 +178,7 @@ const sweepEvery = 10 * time.Second
 func (a *App) start(ctx context.Context) error {
 	c := a.gov.Current()
 	if err := a.applyAdmin(c.Policy); err != nil {
-		return err
+		return fmt.Errorf("start admin: %w", err)
 	}
 	for _, comp := range a.components {
 		if err := comp.Apply(ctx, c); err != nil {
@@ -245,7 +245,7 @@ func (a *App) Reload() error {
 	a.metrics.PolicyInfo.WithLabelValues(p.Hash).Set(1)
 	var applyErrs []error
 	if err := a.applyAdmin(p); err != nil {
-		applyErrs = append(applyErrs, err)
+		applyErrs = append(applyErrs, fmt.Errorf("admin: %w", err))
 	}
 	for _, comp := range a.components {
 		if err := comp.Apply(context.Background(), c); err != nil {
