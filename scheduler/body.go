@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"slices"
 	"strings"
 	"unicode/utf8"
 )
@@ -126,6 +127,40 @@ func decodeStrict(body []byte, v any, fields, example string) error {
 	}
 	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
 		return badRequest("malformed JSON: unexpected data after the object")
+	}
+	return checkKeys(body, fields)
+}
+
+// checkKeys refuses what encoding/json lets through in a body it decoded:
+// a field name in another case ("Name" for name) and a field given twice
+// (it keeps the last). Neither is what the caller meant to send.
+func checkKeys(body []byte, fields string) error {
+	dec := json.NewDecoder(bytes.NewReader(body))
+	if t, err := dec.Token(); err != nil || t != json.Delim('{') {
+		return nil // not an object: Decode has said so already
+	}
+	var seen [4]string
+	n := 0
+	for dec.More() {
+		t, err := dec.Token()
+		if err != nil {
+			return nil
+		}
+		k, _ := t.(string)
+		if !slices.Contains(strings.Split(fields, ", "), k) {
+			return badRequest("unknown field %q (fields: %s; names are case-sensitive)", k, fields)
+		}
+		if slices.Contains(seen[:n], k) {
+			return badRequest("field %q appears twice", k)
+		}
+		if n < len(seen) {
+			seen[n] = k
+			n++
+		}
+		var skip json.RawMessage
+		if err := dec.Decode(&skip); err != nil {
+			return nil
+		}
 	}
 	return nil
 }

@@ -3,6 +3,7 @@ package scheduler
 import (
 	"encoding/json"
 	"errors"
+	"strings"
 	"testing"
 )
 
@@ -44,4 +45,42 @@ func FuzzParseSubmit(f *testing.F) {
 			t.Fatal("complete without a status accepted")
 		}
 	})
+}
+
+// Field names are exact: encoding/json alone would take "Name" or
+// "PRIORITY" for name and priority, and the last of two "name"s.
+func TestBodyFieldNamesAreExactAndOnce(t *testing.T) {
+	tests := []struct {
+		name string
+		body string
+		want string // fragment of the 400's message
+	}{
+		{"submit Name", `{"Name":"sync"}`, `unknown field "Name"`},
+		{"submit PRIORITY", `{"name":"sync","PRIORITY":3}`, `unknown field "PRIORITY"`},
+		{"submit Idempotency_Key", `{"name":"sync","Idempotency_Key":"k"}`, `unknown field "Idempotency_Key"`},
+		{"submit name twice", `{"name":"plain","name":"hipri"}`, `"name" appears twice`},
+		{"complete STATUS", `{"STATUS":"COMPLETED"}`, `unknown field "STATUS"`},
+		{"complete status twice", `{"status":"FAILED","status":"COMPLETED"}`, `"status" appears twice`},
+		{"nested keys are the input's own", `{"name":"sync","input":{"Name":1,"a":1,"a":2}}`, ""},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			var err error
+			if tc.name[:8] == "complete" {
+				_, err = parseComplete([]byte(tc.body))
+			} else {
+				_, err = parseSubmit([]byte(tc.body))
+			}
+			if tc.want == "" {
+				if err != nil {
+					t.Fatalf("refused: %v", err)
+				}
+				return
+			}
+			var bad *BadRequest
+			if !errors.As(err, &bad) || !strings.Contains(bad.Msg, tc.want) {
+				t.Fatalf("got %v, want a 400 saying %s", err, tc.want)
+			}
+		})
+	}
 }

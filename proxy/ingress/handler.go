@@ -70,6 +70,7 @@ func (g *Ingress) serveMounted(ctx *fasthttp.RequestCtx, rt *policyState, m *mou
 			// tenant's 429 (SPEC §6), and words it as the scheduler words
 			// its own body errors.
 			respond.Error(ctx, fasthttp.StatusBadRequest, tooLarge(ctx, m.maxBody))
+			forward.DiscardRest(ctx, lingerMax, lingerTime)
 		} else {
 			respond.Error(ctx, fasthttp.StatusBadRequest, err.Error())
 		}
@@ -78,6 +79,14 @@ func (g *Ingress) serveMounted(ctx *fasthttp.RequestCtx, rt *policyState, m *mou
 	}
 	rt.mounted.Done(ctx.Response.StatusCode(), ctx.Time())
 }
+
+// lingerMax and lingerTime bound what is read and dropped of a mounted
+// request's body over the limit, so that its client gets the 400 rather
+// than a reset (forward.DiscardRest).
+const (
+	lingerMax  = 16 << 20
+	lingerTime = 5 * time.Second
+)
 
 // tooLarge is the message for a mounted request's body over limit: its
 // size when the request announced it, else that it goes past the limit.
