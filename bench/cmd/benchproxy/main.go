@@ -49,7 +49,7 @@ func main() {
 	flag.IntVar(&o.conc, "c", 32, "connections for the saturation runs")
 	flag.DurationVar(&o.dur, "d", 5*time.Second, "measured duration of each run")
 	flag.DurationVar(&o.warmup, "warmup", time.Second, "warm-up before each run")
-	flag.IntVar(&o.rounds, "rounds", 3, "rounds; the table shows the median")
+	flag.IntVar(&o.rounds, "rounds", 5, "rounds; the table shows the median")
 	flag.Parse()
 	if err := run(o); err != nil {
 		fmt.Fprintln(os.Stderr, "benchproxy:", err)
@@ -473,6 +473,25 @@ func median[T int64 | float64 | time.Duration](rows []row, f func(row) T) (T, in
 	return vs[len(vs)/2], len(vs)
 }
 
+// paired is the throughput ratio of a to b round by round: the median and
+// the range of the rounds where both were measured. The machine's speed
+// drifts over minutes (shared hosts), and a round measures every path
+// within about a minute, so a ratio within a round cancels most of the
+// drift that a ratio of two medians keeps.
+func paired(a, b []row) string {
+	var rs []float64
+	for i := range min(len(a), len(b)) {
+		if a[i].measured && b[i].measured && a[i].err == "" && b[i].err == "" && b[i].rps > 0 {
+			rs = append(rs, a[i].rps/b[i].rps)
+		}
+	}
+	if len(rs) < 2 {
+		return ""
+	}
+	slices.Sort(rs)
+	return fmt.Sprintf("   round by round %.2fx (%.2f-%.2f)", rs[len(rs)/2], rs[0], rs[len(rs)-1])
+}
+
 func us(d time.Duration) string { return fmt.Sprintf("%.0fµs", float64(d)/1e3) }
 
 func us1(d time.Duration) string { return fmt.Sprintf("%.1fµs", float64(d)/1e3) }
@@ -481,6 +500,10 @@ func render(paths []path, results [][]row) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "\n%-18s %11s %9s %10s %9s %9s %9s\n", "path", "req/s", "CPU/req", "rate", "+p50", "+p99", "+p99.9")
 	rps := map[string]float64{}
+	index := map[string]int{}
+	for i, p := range paths {
+		index[p.name] = i
+	}
 	cpu := map[string]time.Duration{}
 	added99 := map[string]time.Duration{}
 	for i, p := range paths {
@@ -511,7 +534,8 @@ func render(paths []path, results [][]row) string {
 	}
 	b.WriteString("\nreq/s: closed loop at saturation. CPU/req: the proxy process's CPU per request there (for direct, the\n" +
 		"upstream's). +pNN: latency added over the direct path measured at the same rate, half of that path's\n" +
-		"saturation, open loop. Medians over the rounds.\n")
+		"saturation, open loop. Medians over the rounds; \"round by round\" is the median (and range) of the\n" +
+		"throughput ratios taken within each round.\n")
 	b.WriteString("\nratios (throughput, higher is better; CPU per request, lower is better; added p99):\n")
 	for _, w := range []string{"warden ingress", "warden egress", "warden ingress 1P", "warden egress 1P", "fasthttp floor", "floor, raw I/O"} {
 		for _, base := range []string{"nginx", "haproxy"} {
@@ -522,7 +546,8 @@ func render(paths []path, results [][]row) string {
 			if cpu[base] > 0 {
 				cpuRatio = fmt.Sprintf("%.2fx", float64(cpu[w])/float64(cpu[base]))
 			}
-			fmt.Fprintf(&b, "  %-18s / %-8s throughput %.2fx   CPU/req %s   added p99 %s vs %s\n", w, base, rps[w]/rps[base], cpuRatio, us(added99[w]), us(added99[base]))
+			fmt.Fprintf(&b, "  %-18s / %-8s throughput %.2fx   CPU/req %s   added p99 %s vs %s%s\n", w, base, rps[w]/rps[base], cpuRatio, us(added99[w]), us(added99[base]),
+				paired(results[index[w]], results[index[base]]))
 		}
 	}
 	if f, r := cpu["fasthttp floor"], cpu["floor, raw I/O"]; f > 0 && r > 0 {
