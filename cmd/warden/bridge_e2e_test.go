@@ -16,6 +16,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/warden-dev/warden/internal/loopback"
 	"github.com/warden-dev/warden/internal/testenv"
 )
 
@@ -28,7 +29,7 @@ func TestBridgeEndToEnd(t *testing.T) {
 		t.Fatal(err)
 	}
 	bin := buildWarden(t)
-	bridgeAddr, adminAddr := freePort(t), freePort(t)
+	bridgeAddr, adminAddr := loopback.FreeAddr(t), loopback.FreeAddr(t)
 	policy := fmt.Sprintf(`version: 1
 shutdown_grace: 5s
 admin: { listen: %s }

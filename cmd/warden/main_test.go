@@ -17,6 +17,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/warden-dev/warden/internal/loopback"
 	"go.uber.org/goleak"
 )
 
@@ -121,16 +122,6 @@ func buildWarden(t *testing.T) string {
 		t.Fatalf("build: %v\n%s", err, out)
 	}
 	return bin
-}
-
-func freePort(t *testing.T) string {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().String()
 }
 
 // process is a warden started by a test; its log lines arrive on lines.
@@ -261,7 +252,7 @@ func TestRunLifecycle(t *testing.T) {
 	bin := buildWarden(t)
 	dir := t.TempDir()
 	file := filepath.Join(dir, "policy.yaml")
-	addr := freePort(t)
+	addr := loopback.FreeAddr(t)
 	write := func(rate int) {
 		if err := os.WriteFile(file+".tmp", []byte(fmt.Sprintf(basePolicy, addr, rate)), 0o644); err != nil {
 			t.Fatal(err)

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"fmt"
+	"github.com/warden-dev/warden/internal/loopback"
 	"io"
 	"net"
 	"net/http"
@@ -36,7 +37,7 @@ func examplePolicy(t *testing.T) (path string, addrs map[string]string) {
 		if !strings.Contains(s, a.key+a.from) {
 			t.Fatalf("example policy no longer has %q", a.key+a.from)
 		}
-		to := freePort(t)
+		to := loopback.FreeAddr(t)
 		addrs[a.name] = to
 		s = strings.Replace(s, a.key+a.from, a.key+to, 1)
 	}
@@ -168,7 +169,7 @@ func TestShutdownGraceCuts(t *testing.T) {
 	})
 	defer close(release)
 
-	admin, ingress, egress := freePort(t), freePort(t), freePort(t)
+	admin, ingress, egress := loopback.FreeAddr(t), loopback.FreeAddr(t), loopback.FreeAddr(t)
 	policy := filepath.Join(t.TempDir(), "policy.yaml")
 	if err := os.WriteFile(policy, []byte(fmt.Sprintf(`version: 1
 shutdown_grace: 1s
