@@ -406,8 +406,11 @@ func (s *Scheduler) viewLocked(r store.Run, now time.Time) RunView {
 	control := r.Control
 	if r.Status == store.Queued {
 		if _, admitted := s.active[r.Seq]; admitted {
-			// Admitted; its STARTING record is on its way.
+			// Admitted; its STARTING record is on its way. Show it as
+			// that record will read: the attempt that failed before is
+			// no longer the run's reason (store.Run.admit clears it).
 			v.Status, v.Attempt, control = store.Running.String(), v.Attempt+1, ""
+			v.ReasonForIncompletion = nil
 		} else {
 			v.AwaitingAdmission = true
 			control = s.controlLocked(s.q.def(r.Name), r.Key, now)
