@@ -10,8 +10,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
-
 	"github.com/warden-dev/warden/governor/breaker"
 	"github.com/warden-dev/warden/governor/clock"
 	"github.com/warden-dev/warden/governor/metrics"
@@ -45,8 +43,10 @@ type Governor struct {
 func New(clk clock.Clock, m *metrics.Metrics, counter window.Counter) *Governor {
 	g := &Governor{clk: clk, m: m, counter: counter}
 	if m != nil {
-		// A breaker leaves open lazily, at its next call; a scrape must not
-		// wait for one to see it half-open.
+		// warden_breaker_state is read from the breakers when scraped:
+		// one gauge per target however many share a breaker, and a breaker
+		// leaves open lazily, at its next call, which a scrape must not
+		// wait for to show it half-open.
 		m.OnGather(g.refreshBreakerGauges)
 	}
 	return g
@@ -101,7 +101,6 @@ func (g *Governor) Apply(p *policy.Policy) *Controls {
 	}
 	leaders := p.BreakerLeaders()
 	claimed := map[*breaker.Breaker]bool{}
-	members := map[*gaugeSet][]prometheus.Gauge{}
 	for i, t := range p.Targets {
 		var prev, leader *Target
 		if old != nil {
@@ -112,16 +111,6 @@ func (g *Governor) Apply(p *policy.Policy) *Controls {
 		}
 		nt := g.buildTarget(t, prev, leader, c.Pools, claimed)
 		c.Targets[t.Name] = nt
-		if g.m != nil {
-			gauge := g.m.BreakerState.WithLabelValues(t.Name)
-			gauge.Set(float64(nt.Breaker.State()))
-			members[nt.gauges] = append(members[nt.gauges], gauge)
-		}
-	}
-	// Each breaker's state changes now move the gauges of the targets
-	// that share it under this policy.
-	for set, gauges := range members {
-		set.p.Store(&gauges)
 	}
 	if old != nil && g.m != nil {
 		for name := range old.Targets {

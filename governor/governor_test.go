@@ -96,6 +96,9 @@ func TestTargetsSharingAHostShareABreaker(t *testing.T) {
 		t.Fatal("b's failures did not open the breaker a fails fast on")
 	}
 	gauge := func(target string) float64 {
+		if _, err := m.Gather(); err != nil { // as a scrape does
+			t.Fatal(err)
+		}
 		var d dto.Metric
 		if err := m.BreakerState.WithLabelValues(target).Write(&d); err != nil {
 			t.Fatal(err)

@@ -2,9 +2,6 @@ package governor
 
 import (
 	"reflect"
-	"sync/atomic"
-
-	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/warden-dev/warden/governor/breaker"
 	"github.com/warden-dev/warden/governor/pool"
@@ -18,23 +15,6 @@ type Target struct {
 	Breaker *breaker.Breaker // disabled breakers allow everything; shared by targets sending to one host
 	Retry   *retry.Policy    // nil: the target never retries
 	Pools   []*pool.Pool
-
-	// gauges are the warden_breaker_state gauges of every target sharing
-	// Breaker, which its state changes set. They are swapped on reload,
-	// when a kept breaker may gain or lose targets.
-	gauges *gaugeSet
-}
-
-type gaugeSet struct {
-	p atomic.Pointer[[]prometheus.Gauge]
-}
-
-func (s *gaugeSet) set(v float64) {
-	if gs := s.p.Load(); gs != nil {
-		for _, g := range *gs {
-			g.Set(v)
-		}
-	}
 }
 
 // buildTarget makes t's controls, keeping prev's breaker and retry budget
@@ -47,19 +27,15 @@ func (g *Governor) buildTarget(t policy.Target, prev, leader *Target, pools *poo
 	nt := &Target{Config: t}
 	switch {
 	case leader != nil:
-		nt.Breaker, nt.gauges = leader.Breaker, leader.gauges
+		nt.Breaker = leader.Breaker
 	case prev != nil && !claimed[prev.Breaker] && reflect.DeepEqual(prev.Config.CircuitBreaker, t.CircuitBreaker):
-		nt.Breaker, nt.gauges = prev.Breaker, prev.gauges
+		nt.Breaker = prev.Breaker
 	default:
 		cfg := policy.CircuitBreaker{}
 		if t.CircuitBreaker != nil {
 			cfg = *t.CircuitBreaker
 		}
-		gauges := &gaugeSet{}
-		nt.Breaker = breaker.New(t.Name, cfg, g.clk, breaker.Options{OnStateChange: func(_ string, _, to breaker.State) {
-			gauges.set(float64(to))
-		}})
-		nt.gauges = gauges
+		nt.Breaker = breaker.New(t.Name, cfg, g.clk)
 	}
 	claimed[nt.Breaker] = true
 	if t.Retry != nil && t.Retry.Count > 0 {

@@ -84,6 +84,9 @@ func TestBreakerOpensAndFailsFast(t *testing.T) {
 	if n := fasttest.Value(f.gov.Metrics.Rejections.WithLabelValues("circuit_breaker", "flaky")); n != 2 {
 		t.Fatalf("rejections{circuit_breaker,flaky} = %v", n)
 	}
+	if _, err := f.gov.Metrics.Gather(); err != nil { // as a scrape does
+		t.Fatal(err)
+	}
 	if n := fasttest.Value(f.gov.Metrics.BreakerState.WithLabelValues("flaky")); n != 2 {
 		t.Fatalf("warden_breaker_state{flaky} = %v, want 2 (open)", n)
 	}
