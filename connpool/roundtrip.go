@@ -1,6 +1,7 @@
 package connpool
 
 import (
+	"bytes"
 	"errors"
 	"io"
 	"sync"
@@ -121,43 +122,30 @@ func (p *Pool) Do(req *Request, resp *fasthttp.Response, fin Finisher) (streamed
 // WholeBodyMax. A longer one is streamed: what was read, then the rest.
 func (p *Pool) readChunkedWhole(c *Conn, resp *fasthttp.Response, keepAlive bool, fin Finisher) (streamed bool, err error) {
 	b := newBody(p, c, modeChunked, 0, keepAlive, nil)
-	buf := make([]byte, 0, 4<<10)
-	for len(buf) <= WholeBodyMax {
-		if len(buf) == cap(buf) {
-			buf = append(buf, 0)[:len(buf)]
-		}
-		n, rerr := b.Read(buf[len(buf):min(cap(buf), WholeBodyMax+1)])
-		buf = buf[:len(buf)+n]
-		if rerr == io.EOF {
-			b.CloseWithError(nil) // the connection goes back to the pool
-			resp.Header.SetContentLength(len(buf))
-			resp.SetBodyRaw(buf)
-			return false, nil
-		}
-		if rerr != nil {
-			b.CloseWithError(rerr)
-			return false, rerr
-		}
+	buf, err := io.ReadAll(io.LimitReader(b, WholeBodyMax+1))
+	if err != nil {
+		b.CloseWithError(err)
+		return false, err
+	}
+	if len(buf) <= WholeBodyMax { // the body's end came first
+		b.CloseWithError(nil) // the connection goes back to the pool
+		resp.Header.SetContentLength(len(buf))
+		resp.SetBodyRaw(buf)
+		return false, nil
 	}
 	b.fin = fin
-	resp.SetBodyStream(&prefixedBody{head: buf, Body: b}, -1)
+	resp.SetBodyStream(prefixedBody{Reader: io.MultiReader(bytes.NewReader(buf), b), Body: b}, -1)
 	return true, nil
 }
 
-// prefixedBody is a streamed body of which head was read already.
+// prefixedBody is a streamed body of which a head was read already: it
+// reads the head, then the rest, and ends as the Body does.
 type prefixedBody struct {
-	head []byte
+	io.Reader
 	*Body
 }
 
-func (b *prefixedBody) Read(p []byte) (int, error) {
-	if len(b.head) > 0 {
-		n := copy(p, b.head)
-		b.head = b.head[n:]
-		return n, nil
-	}
-	return b.Body.Read(p)
-}
+func (b prefixedBody) Read(p []byte) (int, error) { return b.Reader.Read(p) }
 
 func (p *Pool) readHead(c *Conn, resp *fasthttp.Response) error {
 	for range maxInterim {
