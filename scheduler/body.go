@@ -139,6 +139,7 @@ func checkKeys(body []byte, fields string) error {
 	if t, err := dec.Token(); err != nil || t != json.Delim('{') {
 		return nil // not an object: Decode has said so already
 	}
+	names := strings.Split(fields, ", ")
 	var seen [4]string
 	n := 0
 	for dec.More() {
@@ -147,7 +148,7 @@ func checkKeys(body []byte, fields string) error {
 			return nil
 		}
 		k, _ := t.(string)
-		if !slices.Contains(strings.Split(fields, ", "), k) {
+		if !slices.Contains(names, k) {
 			return badRequest("unknown field %q (fields: %s; names are case-sensitive)", k, fields)
 		}
 		if slices.Contains(seen[:n], k) {
