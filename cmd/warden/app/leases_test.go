@@ -44,23 +44,19 @@ func newUpstream(t *testing.T, hold time.Duration) *upstream {
 	return u
 }
 
-func (in *instance) ingressAddr() string {
+// component is in's component of type T (nil when it has none).
+func component[T Component](in *instance) T {
 	for _, c := range in.components {
-		if g, ok := c.(*ingress.Ingress); ok {
-			return g.Addr()
+		if t, ok := c.(T); ok {
+			return t
 		}
 	}
-	return ""
+	var none T
+	return none
 }
 
-func (in *instance) egressAddr() string {
-	for _, c := range in.components {
-		if e, ok := c.(*egress.Egress); ok {
-			return e.Addr()
-		}
-	}
-	return ""
-}
+func (in *instance) ingressAddr() string { return component[*ingress.Ingress](in).Addr() }
+func (in *instance) egressAddr() string  { return component[*egress.Egress](in).Addr() }
 
 // proxyClient sends requests through a warden's egress listener, the way
 // a worker with HTTP_PROXY does.

@@ -83,14 +83,7 @@ func (in *instance) result() error {
 	return in.err
 }
 
-func (in *instance) rls() *rls.Server {
-	for _, c := range in.components {
-		if s, ok := c.(*rls.Server); ok {
-			return s
-		}
-	}
-	return nil
-}
+func (in *instance) rls() *rls.Server { return component[*rls.Server](in) }
 
 func rlsClient(t *testing.T, addr string) rlspb.RateLimitServiceClient {
 	t.Helper()

@@ -44,14 +44,7 @@ func (w logWatch) Handle(_ context.Context, r slog.Record) error {
 	return nil
 }
 
-func (in *instance) grpcAddr() string {
-	for _, c := range in.components {
-		if g, ok := c.(*grpcegress.Grpc); ok {
-			return g.Addr()
-		}
-	}
-	return ""
-}
+func (in *instance) grpcAddr() string { return component[*grpcegress.Grpc](in).Addr() }
 
 // await receives from ch or fails the test after bound.
 func await[T any](t *testing.T, ch <-chan T, bound time.Duration, what string) T {
