@@ -479,8 +479,7 @@ func (d *decoder) pairs(path string, n *yaml.Node) []pair {
 	own := map[string]*yaml.Node{}
 	// A mapping may have one << like any other key: yaml.v3 would keep the
 	// first of two, silently dropping what the second one merges.
-	var merge *yaml.Node
-	mergeAt := -1
+	var merge *yaml.Node // the first <<, the one that merges
 	for i := 0; i+1 < len(n.Content); i += 2 {
 		k := resolve(n.Content[i])
 		// Keys are counted too: an aliased mapping of unknown keys
@@ -493,7 +492,7 @@ func (d *decoder) pairs(path string, n *yaml.Node) []pair {
 				d.addf(d.pos(k), "duplicate key %q %s (first at line %d); merge several mappings with one: <<: [*a, *b]", k.Value, where(path), merge.Line)
 				continue
 			}
-			merge, mergeAt = k, i
+			merge = k
 			continue
 		}
 		if k.Kind != yaml.ScalarNode {
@@ -511,7 +510,7 @@ func (d *decoder) pairs(path string, n *yaml.Node) []pair {
 	for i := 0; i+1 < len(n.Content); i += 2 {
 		k, v := resolve(n.Content[i]), n.Content[i+1]
 		if isMerge(k) {
-			if i != mergeAt {
+			if k != merge {
 				continue
 			}
 			for _, m := range d.mergeSources(path, v) {
