@@ -41,6 +41,7 @@ func (rawCodec) Name() string { return "raw" }
 // Stream sends as many messages as its input says.
 type echo struct {
 	calls   atomic.Int64
+	md      atomic.Pointer[metadata.MD] // the last unary call's
 	release chan struct{}
 	entered chan struct{}
 }
@@ -100,6 +101,8 @@ var echoDesc = grpc.ServiceDesc{
 
 func (e *echo) unary(ctx context.Context, in string) (*[]byte, error) {
 	e.calls.Add(1)
+	md, _ := metadata.FromIncomingContext(ctx)
+	e.md.Store(&md)
 	if c, ok := strings.CutPrefix(in, "fail:"); ok {
 		n, _ := strconv.Atoi(c)
 		return nil, status.Error(codes.Code(n), "asked to fail")
@@ -340,6 +343,69 @@ func TestCancelledCallIsNeutral(t *testing.T) {
 	snap := f.gov.Current().Targets["echo"].Breaker.Snapshot()
 	if snap.Requests != 0 || snap.State != "closed" {
 		t.Fatalf("a cancelled call counted: %+v", snap)
+	}
+}
+
+// TestCancelledWhileQueued: a call its client cancels while it waits in a
+// pool's queue was refused by nobody: no pool_queue refusal is counted, it
+// is recorded as CANCELLED, and it never reaches the upstream.
+func TestCancelledWhileQueued(t *testing.T) {
+	e, addr := startEcho(t)
+	f := start(t, grpcPolicy("  allow_unlisted: false", echoTarget(addr, "pools: [one]"))+
+		"pools:\n  one: { concurrency: 1, queue: 5, max_wait: 30s }\n")
+	errc := make(chan error, 1)
+	go func() {
+		_, err := f.call(context.Background(), "block")
+		errc <- err
+	}()
+	<-e.entered
+	ctx, cancel := context.WithCancel(context.Background())
+	queuedErr := make(chan error, 1)
+	go func() {
+		_, err := f.call(ctx, "queued")
+		queuedErr <- err
+	}()
+	fasttest.WaitFor(t, "the second call to queue", func() bool {
+		return fasttest.Value(f.gov.Metrics.PoolQueued.WithLabelValues("one")) == 1
+	})
+	cancel()
+	if err := <-queuedErr; status.Code(err) != codes.Canceled {
+		t.Fatalf("cancelled call: %v", err)
+	}
+	fasttest.WaitFor(t, "the cancelled call to be recorded", func() bool {
+		return fasttest.Value(f.gov.Metrics.Requests.WithLabelValues("grpc", "echo", "1")) == 1
+	})
+	close(e.release)
+	if err := <-errc; err != nil {
+		t.Fatal(err)
+	}
+	if n := fasttest.Value(f.gov.Metrics.Rejections.WithLabelValues("pool_queue", "one")); n != 0 {
+		t.Fatalf("rejections{pool_queue,one} = %v for a call the client cancelled", n)
+	}
+	if n := fasttest.Value(f.gov.Metrics.Requests.WithLabelValues("grpc", "echo", "14")); n != 0 {
+		t.Fatalf("requests{grpc,echo,14} = %v", n)
+	}
+	if n := e.calls.Load(); n != 1 {
+		t.Fatalf("upstream saw %d calls; the cancelled one must not reach it", n)
+	}
+}
+
+// TestNoAcceptEncodingAdded: the caller's headers go upstream as sent; Go's
+// transport would otherwise add Accept-Encoding: gzip and decode the answer.
+func TestNoAcceptEncodingAdded(t *testing.T) {
+	e, addr := startEcho(t)
+	f := start(t, grpcPolicy("  allow_unlisted: false", echoTarget(addr, "")))
+	if _, err := f.call(context.Background(), "x"); err != nil {
+		t.Fatal(err)
+	}
+	if got := (*e.md.Load())["accept-encoding"]; len(got) != 0 {
+		t.Fatalf("upstream saw accept-encoding %q the caller did not send", got)
+	}
+	if _, err := f.call(metadata.AppendToOutgoingContext(context.Background(), "accept-encoding", "identity"), "x"); err != nil {
+		t.Fatal(err)
+	}
+	if got := (*e.md.Load())["accept-encoding"]; len(got) != 1 || got[0] != "identity" {
+		t.Fatalf("the caller's accept-encoding arrived as %q", got)
 	}
 }
 

@@ -71,6 +71,13 @@ func (g *Grpc) serve(w http.ResponseWriter, r *http.Request) {
 	}
 	now := g.opts.Clock.Now()
 	if ref, ok := admit.Admit(ctx, &adm, &rt.Target, tb.caps, tenantKey, "grpc", now); !ok {
+		if ref.Err != nil && r.Context().Err() != nil {
+			// The client cancelled while queued: nothing was refused and
+			// nothing is sent; the call ends as the client ended it.
+			trailersOnly(w, codeCancelled, "cancelled by the client while waiting in pool "+ref.Scope, "")
+			rt.Stats.DoneGRPC(codeCancelled, start)
+			return
+		}
 		if errors.Is(ref.Err, context.DeadlineExceeded) {
 			// Warden's own queue: the breaker was told nothing (Admit gave
 			// its ticket back as neutral).
@@ -100,6 +107,13 @@ func (g *Grpc) serve(w http.ResponseWriter, r *http.Request) {
 		}
 		trailersOnly(w, code, msg, ref.Control)
 		rt.Stats.DoneGRPC(code, start)
+		return
+	}
+	if r.Context().Err() != nil {
+		// Admitted as the client cancelled: its slot goes to a live caller.
+		adm.Ticket.Done(breaker.Neutral)
+		adm.Release()
+		rt.Stats.DoneGRPC(codeCancelled, start)
 		return
 	}
 	code, outcome := g.forward(ctx, w, r, rt)

@@ -156,7 +156,10 @@ func (g *Grpc) transport(key string, tlsConf *tls.Config, maxConns int, idle tim
 		TLSClientConfig: tlsConf,
 		MaxConnsPerHost: maxConns,
 		IdleConnTimeout: idle,
-		DialContext:     (&net.Dialer{Timeout: 10 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
+		// The caller's own Accept-Encoding goes through as sent; the
+		// transport must not add gzip and then decode the answer.
+		DisableCompression: true,
+		DialContext:        (&net.Dialer{Timeout: 10 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
 	}
 	g.transports[key] = t
 	return t
