@@ -70,23 +70,11 @@ func Admit(ctx context.Context, a *Admission, t *Target, caps *tenant.Caps, tena
 		return Refusal{Control: "circuit_breaker", Scope: t.Name, RetryAfter: retryAfter}, false
 	}
 	a.Ticket = ticket
-	probe := ticket.Probe()
 	for _, p := range t.Pools {
-		var l pool.Lease
-		var err error
-		if probe {
-			// The half-open probe does not queue: while it is out every
-			// other request fails fast, so waiting up to max_wait with it
-			// would keep the breaker shut for that long. It goes now or
-			// gives the probe back.
-			var control string
-			var ok bool
-			if l, control, ok = p.TryAcquire(now); !ok {
-				err = &pool.Rejection{Pool: p.ID(), Control: control}
-			}
-		} else {
-			l, err = p.Acquire(ctx, 0, now)
-		}
+		// The half-open probe waits in a pool's queue like any request
+		// (SPEC §4): the others keep failing fast meanwhile, as they would
+		// behind a probe refused now and the next caller made the probe.
+		l, err := p.Acquire(ctx, 0, now)
 		if err != nil {
 			a.Ticket.Done(breaker.Neutral)
 			a.Ticket = breaker.Ticket{}

@@ -80,10 +80,9 @@ func TestHalfOpenProbeGivenBackOnPoolRefusal(t *testing.T) {
 	}
 }
 
-// The half-open probe never waits in a pool queue: while it is out every
-// other request fails fast, so a queued probe would keep the breaker shut
-// for up to max_wait.
-func TestHalfOpenProbeDoesNotQueue(t *testing.T) {
+// The half-open probe waits in a pool's queue as any request does (SPEC
+// §4), and goes when the slot frees; meanwhile the others fail fast.
+func TestHalfOpenProbeQueues(t *testing.T) {
 	clk := clock.NewFake(t0)
 	counter := window.NewMemory(clk)
 	pools := pool.NewSet([]policy.Pool{{Name: "full", Concurrency: 1, Queue: 10, MaxWait: time.Hour}}, counter, clk, nil)
@@ -92,19 +91,36 @@ func TestHalfOpenProbeDoesNotQueue(t *testing.T) {
 	tk.Done(breaker.Failure)
 	clk.Advance(5 * time.Second)
 	occupant, _ := pools.Get("full").Acquire(context.Background(), 0, clk.Now())
-	defer occupant.Release()
 	tg := &Target{Name: "api", Breaker: b, Pools: []*pool.Pool{pools.Get("full")}}
-	var a Admission
-	// With a queue of 10 and max_wait of an hour a closed-breaker request
-	// would wait; the probe is refused at once, naming the gate.
-	ref, ok := Admit(context.Background(), &a, tg, nil, nil, "egress", clk.Now())
-	if ok || ref.Control != pool.ControlConcurrency {
-		t.Fatalf("probe through a full pool: %+v ok=%v, want an immediate pool_concurrency refusal", ref, ok)
+	type result struct {
+		ref Refusal
+		ok  bool
 	}
-	if b.State() != breaker.HalfOpen {
-		t.Fatalf("breaker %v after the probe was given back", b.State())
+	done := make(chan result, 1)
+	var probe Admission
+	go func() {
+		ref, ok := Admit(context.Background(), &probe, tg, nil, nil, "egress", clk.Now())
+		done <- result{ref, ok}
+	}()
+	for pools.Get("full").Snapshot(clk.Now()).Queued != 1 {
+		select {
+		case r := <-done:
+			t.Fatalf("probe through a full pool with queue room: %+v ok=%v, want it queued", r.ref, r.ok)
+		case <-time.After(time.Millisecond):
+		}
 	}
-	if s := pools.Get("full").Snapshot(clk.Now()); s.Queued != 0 {
-		t.Fatalf("probe queued: %+v", s)
+	// While the probe waits, everyone else fails fast.
+	var other Admission
+	if ref, ok := Admit(context.Background(), &other, tg, nil, nil, "egress", clk.Now()); ok || ref.Control != "circuit_breaker" {
+		t.Fatalf("a second request during the probe: %+v ok=%v", ref, ok)
+	}
+	occupant.Release()
+	if r := <-done; !r.ok {
+		t.Fatalf("queued probe refused: %+v", r.ref)
+	}
+	probe.Ticket.Done(breaker.Success)
+	probe.Release()
+	if b.State() != breaker.Closed {
+		t.Fatalf("breaker %v after a successful probe", b.State())
 	}
 }
