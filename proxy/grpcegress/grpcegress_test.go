@@ -120,14 +120,14 @@ func (e *echo) unary(ctx context.Context, in string) (*[]byte, error) {
 	return &out, nil
 }
 
-func startEcho(t *testing.T) (*echo, string) {
+func startEcho(t *testing.T, opts ...grpc.ServerOption) (*echo, string) {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
 	e := &echo{release: make(chan struct{}), entered: make(chan struct{}, 16)}
-	s := grpc.NewServer(grpc.ForceServerCodec(rawCodec{}))
+	s := grpc.NewServer(append(opts, grpc.ForceServerCodec(rawCodec{}))...)
 	s.RegisterService(&echoDesc, e)
 	go s.Serve(ln)
 	t.Cleanup(s.Stop)
@@ -406,6 +406,43 @@ func TestNoAcceptEncodingAdded(t *testing.T) {
 	}
 	if got := (*e.md.Load())["accept-encoding"]; len(got) != 1 || got[0] != "identity" {
 		t.Fatalf("the caller's accept-encoding arrived as %q", got)
+	}
+}
+
+// TestRefusedStreamsResent: a new connection assumes 100 streams until the
+// upstream's SETTINGS arrive, so a burst at an upstream allowing fewer is
+// partly refused (REFUSED_STREAM). Those calls were never processed: they
+// are sent again, bodies included, and reach the upstream; none fails and
+// the breaker hears of no failure.
+func TestRefusedStreamsResent(t *testing.T) {
+	const calls = 8
+	e, addr := startEcho(t, grpc.MaxConcurrentStreams(calls/2))
+	f := start(t, grpcPolicy("  allow_unlisted: false", echoTarget(addr, "circuit_breaker: { enabled: true, failure_ratio: 0.5, minimum_requests: 1 }")))
+	errc := make(chan error, calls)
+	for range calls {
+		go func() {
+			out, err := f.call(context.Background(), "block")
+			if err == nil && out != "echo:block" {
+				err = fmt.Errorf("answer %q", out)
+			}
+			errc <- err
+		}()
+	}
+	for range calls {
+		select {
+		case <-e.entered:
+		case err := <-errc:
+			t.Fatalf("a call of the burst ended before reaching the upstream: %v", err)
+		}
+	}
+	close(e.release)
+	for range calls {
+		if err := <-errc; err != nil {
+			t.Fatal(err)
+		}
+	}
+	if snap := f.gov.Current().Targets["echo"].Breaker.Snapshot(); snap.Failures != 0 || snap.State != "closed" {
+		t.Fatalf("breaker after the burst: %+v", snap)
 	}
 }
 

@@ -142,6 +142,11 @@ func (g *Grpc) forward(ctx context.Context, w http.ResponseWriter, r *http.Reque
 	if rt.host != "" {
 		out.Host = rt.host
 	}
+	if r.Body != nil && r.Body != http.NoBody {
+		// A stream the upstream refused unprocessed is sent again by the
+		// transport, which needs the body from its start (replay.go).
+		out.Body, out.GetBody = newReplayBody(r.Body)
+	}
 	out = out.WithContext(ctx)
 	resp, err := rt.transport.RoundTrip(out)
 	if err != nil {
