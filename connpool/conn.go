@@ -29,6 +29,7 @@ type Conn struct {
 
 	born     int64     // janitor tick the connection was dialled at
 	idleFrom int64     // janitor tick it last went idle
+	idleAt   time.Time // when it last went idle, to the clock
 	reused   bool      // taken from the idle list rather than dialled for this exchange
 	deadline time.Time // the deadline last set on nc
 }

@@ -155,16 +155,20 @@ func (p *Pool) dialSlot(deadline time.Time) (*Conn, error) {
 	return c, nil
 }
 
+// ProbeAfter is how long a connection must have been idle before it is
+// probed for a close by the upstream on its way out of the pool. Under load
+// connections come back within microseconds (the idle list is a stack), and
+// probing each would cost a system call per exchange; an upstream whose
+// idle timeout is shorter than this is not expected.
+const ProbeAfter = 10 * time.Millisecond
+
 // usable reports whether an idle connection may carry another exchange.
-// Only a connection idle across a janitor tick is probed: under load
-// connections are reused within microseconds and the probe's system calls
-// would be wasted.
 func (p *Pool) usable(c *Conn) bool {
 	now := p.set.ticks()
 	if now-c.born >= p.lifeTicks || (p.idleTicks > 0 && now-c.idleFrom >= p.idleTicks) {
 		return false
 	}
-	return now == c.idleFrom || c.alive()
+	return p.set.clk.Now().Sub(c.idleAt) < ProbeAfter || c.alive()
 }
 
 // release returns c after an exchange. reuse is false when the exchange
@@ -177,10 +181,10 @@ func (p *Pool) release(c *Conn, reuse bool) {
 	// only runs after a janitor tick, so this is checked here, where it
 	// costs no system call.
 	reuse = reuse && c.br.Buffered() == 0
-	now := p.set.ticks()
+	now, at := p.set.ticks(), p.set.clk.Now()
 	p.mu.Lock()
 	if reuse && !p.closed && now-c.born < p.lifeTicks {
-		c.idleFrom = now
+		c.idleFrom, c.idleAt = now, at
 		if len(p.waiters) > 0 {
 			w := p.popWaiterLocked()
 			p.mu.Unlock()

@@ -350,31 +350,44 @@ func TestIdleTimeoutAndStaleConnections(t *testing.T) {
 
 func ptr[T any](v T) *T { return &v }
 
+// TestStaleIdleConnectionIsProbed: a connection the upstream closed while
+// it was idle is found out before reuse once it has been idle ProbeAfter,
+// with or without a janitor tick in between (upstreams with idle timeouts
+// under a second closed connections warden then reused, and the exchange
+// failed).
 func TestStaleIdleConnectionIsProbed(t *testing.T) {
-	clk := clock.NewFake(time.Unix(1_700_000_000, 0))
-	var conns []net.Conn
-	var mu sync.Mutex
-	addr := rawServer(t, func(c net.Conn, br *bufio.Reader) {
-		mu.Lock()
-		conns = append(conns, c)
-		mu.Unlock()
-		for readRequestHead(br) == nil {
-			io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
-		}
-	})
-	s := newSet(t, clk)
-	p := s.Pool("t", Config{Addr: addr})
-	if _, _, err := exchange(t, p, &Request{Header: getRequest(addr, "/")}); err != nil {
-		t.Fatal(err)
-	}
-	mu.Lock()
-	conns[0].Close() // the upstream closes the idle connection
-	mu.Unlock()
-	armed := clk.TimerArmed()
-	clk.Advance(time.Second)
-	<-armed
-	if _, body, err := exchange(t, p, &Request{Header: getRequest(addr, "/")}); err != nil || string(body) != "ok" {
-		t.Fatalf("exchange after the upstream closed the idle connection: %q %v", body, err)
+	for _, idle := range []time.Duration{ProbeAfter, time.Second} {
+		t.Run(idle.String(), func(t *testing.T) {
+			clk := clock.NewFake(time.Unix(1_700_000_000, 0))
+			var conns []net.Conn
+			var mu sync.Mutex
+			addr := rawServer(t, func(c net.Conn, br *bufio.Reader) {
+				mu.Lock()
+				conns = append(conns, c)
+				mu.Unlock()
+				for readRequestHead(br) == nil {
+					io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+				}
+			})
+			s := newSet(t, clk)
+			p := s.Pool("t", Config{Addr: addr})
+			if _, _, err := exchange(t, p, &Request{Header: getRequest(addr, "/")}); err != nil {
+				t.Fatal(err)
+			}
+			mu.Lock()
+			conns[0].Close() // the upstream closes the idle connection
+			mu.Unlock()
+			if idle >= time.Second {
+				armed := clk.TimerArmed()
+				clk.Advance(idle)
+				<-armed
+			} else {
+				clk.Advance(idle)
+			}
+			if _, body, err := exchange(t, p, &Request{Header: getRequest(addr, "/")}); err != nil || string(body) != "ok" {
+				t.Fatalf("exchange after the upstream closed the idle connection: %q %v", body, err)
+			}
+		})
 	}
 }
 
