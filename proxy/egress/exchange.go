@@ -77,33 +77,33 @@ func (e *Egress) exchange(ctx *fasthttp.RequestCtx, x *exchange, pool *connpool.
 	}
 	x.req.Header = h
 	x.req.Cancel = ctx.Done() // a drain stops waits for an upstream connection
+	if r.Timeout > 0 {
+		// From the request's arrival: the timeout bounds the whole
+		// exchange, waiting in a pool and reading the client's body
+		// (Prepare) included.
+		x.req.Deadline = x.start.Add(r.Timeout)
+	}
 	buffered, err := x.body.Prepare(ctx, &x.req, keep)
-	if err != nil {
+	if err != nil && !errors.Is(err, forward.ErrBodyTimeout) {
 		x.adm.Ticket.Done(breaker.Neutral)
 		respond.Error(ctx, fasthttp.StatusBadRequest, err.Error())
 		x.code = fasthttp.StatusBadRequest
 		x.done()
 		return
 	}
+	if err != nil || (r.Timeout > 0 && !time.Now().Before(x.req.Deadline)) {
+		// Used up before anything was sent: the upstream is not to
+		// blame, so the breaker hears nothing.
+		x.adm.Ticket.Done(breaker.Neutral)
+		x.code = respond.Upstream(ctx, r.Name, &connpool.Error{Kind: connpool.KindTimeout, Op: "read the request for",
+			Addr: r.Name, Err: errors.New("the target's timeout passed before the request could be sent")})
+		r.Stats.Reject(respond.ControlTimeout, r.Name)
+		x.done()
+		return
+	}
 	retryable = retryable && buffered
 	if retryable {
 		x.req.Whole = isFailure
-	}
-	if r.Timeout > 0 {
-		// From the request's arrival: the timeout bounds the whole
-		// exchange, waiting in a pool and reading the client's body
-		// included.
-		x.req.Deadline = x.start.Add(r.Timeout)
-		if !time.Now().Before(x.req.Deadline) {
-			// Used up before anything was sent: the upstream is not to
-			// blame, so the breaker hears nothing.
-			x.adm.Ticket.Done(breaker.Neutral)
-			x.code = respond.Upstream(ctx, r.Name, &connpool.Error{Kind: connpool.KindTimeout, Op: "read the request for",
-				Addr: r.Name, Err: errors.New("the target's timeout passed before the request could be sent")})
-			r.Stats.Reject(respond.ControlTimeout, r.Name)
-			x.done()
-			return
-		}
 	}
 	if r.Retry != nil {
 		r.Retry.RecordExecution()

@@ -187,35 +187,42 @@ func TestBreakerOpeningEndsRetriesWithLastFailure(t *testing.T) {
 	}
 }
 
-// TestSlowUploadIsNotTheUpstreamsFailure: a chunked body kept for retries
-// is read before anything is sent; when the client's upload uses up the
-// target's timeout the request gets its 504 without being sent, and the
-// breaker hears nothing of it. (fasthttp reads bodies of known length up
-// to 4 MiB before the request starts.)
+// TestSlowUploadIsNotTheUpstreamsFailure: a body kept for retries is read
+// before anything is sent, within the target's timeout: a client whose
+// upload stalls gets its 504 when the timeout passes (not once it has sent
+// everything), the request is not sent, and the breaker hears nothing.
 func TestSlowUploadIsNotTheUpstreamsFailure(t *testing.T) {
-	f, up := retryFixture(t, "timeout: 100ms\nretry: { count: 1, delay: 0s }\n"+
-		"circuit_breaker: { enabled: true, failure_ratio: 0.5, minimum_requests: 1 }", always(200, "ok"))
-	c, err := net.Dial("tcp", f.addr)
-	if err != nil {
-		t.Fatal(err)
+	tests := []struct{ name, head, part string }{
+		{"chunked", "Transfer-Encoding: chunked", "5\r\nhello\r\n"},
+		{"content-length", "Content-Length: 100000", strings.Repeat("x", 10000)},
 	}
-	defer c.Close()
-	io.WriteString(c, "PUT /x HTTP/1.1\r\nHost: api.test\r\nTransfer-Encoding: chunked\r\n\r\n")
-	// There is no event to wait for: the point is a client slower than
-	// the timeout.
-	time.Sleep(300 * time.Millisecond)
-	io.WriteString(c, "5\r\nhello\r\n0\r\n\r\n")
-	_ = c.SetReadDeadline(time.Now().Add(10 * time.Second))
-	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	resp.Body.Close()
-	if resp.StatusCode != 504 || resp.Header.Get("X-Warden-Control") != "timeout" || up.Requests.Load() != 0 {
-		t.Fatalf("slow upload: %d %v, upstream saw %d", resp.StatusCode, resp.Header, up.Requests.Load())
-	}
-	if r := f.do(t, "GET", "http://api.test/", nil); r.status != 200 || r.body != "ok" {
-		t.Fatalf("the breaker counted the client's slowness against the target: %+v", r)
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			f, up := retryFixture(t, "timeout: 200ms\nretry: { count: 1, delay: 0s }\n"+
+				"circuit_breaker: { enabled: true, failure_ratio: 0.5, minimum_requests: 1 }", always(200, "ok"))
+			c, err := net.Dial("tcp", f.addr)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+			// The rest of the body never comes.
+			io.WriteString(c, "PUT /x HTTP/1.1\r\nHost: api.test\r\n"+tt.head+"\r\n\r\n"+tt.part)
+			_ = c.SetReadDeadline(time.Now().Add(10 * time.Second))
+			resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+			if err != nil {
+				t.Fatalf("no answer while the upload stalls: %v", err)
+			}
+			resp.Body.Close()
+			if resp.StatusCode != 504 || resp.Header.Get("X-Warden-Control") != "timeout" || up.Requests.Load() != 0 {
+				t.Fatalf("stalled upload: %d %v, upstream saw %d", resp.StatusCode, resp.Header, up.Requests.Load())
+			}
+			if n := fasttest.Value(f.gov.Metrics.Rejections.WithLabelValues("timeout", "api")); n != 1 {
+				t.Fatalf("rejections{timeout,api} = %v", n)
+			}
+			if r := f.do(t, "GET", "http://api.test/", nil); r.status != 200 || r.body != "ok" {
+				t.Fatalf("the breaker counted the client's slowness against the target: %+v", r)
+			}
+		})
 	}
 }
 

@@ -7,6 +7,7 @@ import (
 	"bytes"
 	"errors"
 	"io"
+	"os"
 	"sync"
 	"time"
 
@@ -26,6 +27,10 @@ const ChunkPreread = 64 << 10
 // ErrBadBody is wrapped when the client's body cannot be read as framed.
 var ErrBadBody = errors.New("malformed request body")
 
+// ErrBodyTimeout is returned by Prepare when the request's deadline passed
+// while the body it reads whole was still arriving.
+var ErrBodyTimeout = errors.New("the request's deadline passed while its body was arriving")
+
 // ErrTooLarge is returned by ReadAll for a body over its limit.
 var ErrTooLarge = errors.New("request body too large")
 
@@ -43,7 +48,9 @@ var bufs = sync.Pool{New: func() any { b := make([]byte, 0, 16<<10); return &b }
 // req.Header. Bodies of known length up to keep bytes, and chunked bodies
 // ending within max(keep, ChunkPreread), are read whole (buffered reports
 // true): a retry can resend them. Longer bodies are streamed. A chunked
-// body read whole is re-framed with a Content-Length.
+// body read whole is re-framed with a Content-Length. req.Deadline, when
+// set, bounds the reading (ErrBodyTimeout): a slow client must not hold
+// the exchange past its timeout before the upstream is even asked.
 func (b *Body) Prepare(ctx *fasthttp.RequestCtx, req *connpool.Request, keep int) (buffered bool, err error) {
 	req.Body, req.Stream = nil, nil
 	h := req.Header
@@ -61,9 +68,9 @@ func (b *Body) Prepare(ctx *fasthttp.RequestCtx, req *connpool.Request, keep int
 		// No body framing at all (a GET): nothing to send.
 		return true, nil
 	case cl >= 0 && cl <= keep:
-		data, err := b.read(stream, cl+1)
+		data, err := b.readBy(ctx, req.Deadline, stream, cl+1)
 		if err != nil {
-			return false, errors.Join(ErrBadBody, err)
+			return false, err
 		}
 		if len(data) != cl {
 			return false, errors.Join(ErrBadBody, io.ErrUnexpectedEOF)
@@ -74,9 +81,9 @@ func (b *Body) Prepare(ctx *fasthttp.RequestCtx, req *connpool.Request, keep int
 		req.Stream = stream
 		return false, nil
 	default:
-		data, err := b.read(stream, max(keep, ChunkPreread)+1)
+		data, err := b.readBy(ctx, req.Deadline, stream, max(keep, ChunkPreread)+1)
 		if err != nil {
-			return false, errors.Join(ErrBadBody, err)
+			return false, err
 		}
 		if len(data) <= max(keep, ChunkPreread) {
 			h.SetContentLength(len(data))
@@ -115,6 +122,26 @@ func dropTrailers(h *fasthttp.RequestHeader) {
 		}
 	}
 	h.Del(fasthttp.HeaderTrailer)
+}
+
+// readBy is read under the client connection's read deadline d (none when
+// zero), which is lifted again afterwards. A read the deadline cut short is
+// ErrBodyTimeout; any other failure is a malformed body.
+func (b *Body) readBy(ctx *fasthttp.RequestCtx, d time.Time, r io.Reader, limit int) ([]byte, error) {
+	if !d.IsZero() {
+		if err := ctx.SetReadDeadline(d); err != nil {
+			return nil, errors.Join(ErrBadBody, err)
+		}
+		defer func() { _ = ctx.SetReadDeadline(time.Time{}) }()
+	}
+	data, err := b.read(r, limit)
+	switch {
+	case err == nil:
+		return data, nil
+	case !d.IsZero() && errors.Is(err, os.ErrDeadlineExceeded):
+		return nil, ErrBodyTimeout
+	}
+	return nil, errors.Join(ErrBadBody, err)
 }
 
 // read reads from r until EOF or limit bytes, into the pooled buffer.
