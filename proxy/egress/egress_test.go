@@ -360,6 +360,10 @@ func TestHTTP10ClientGetsALength(t *testing.T) {
 	fasttest.WaitFor(t, "the 502 recorded", func() bool {
 		return fasttest.Value(f.gov.Metrics.Requests.WithLabelValues("egress", "api", "502")) == 1
 	})
+	// Like every upstream 502, it is a refusal named by its control.
+	if n := fasttest.Value(f.gov.Metrics.Rejections.WithLabelValues("upstream", "api")); n != 1 {
+		t.Fatalf("rejections{upstream,api} = %v", n)
+	}
 }
 
 // TestOptionsWithoutPathIsAsteriskForm: RFC 9112 §3.2.4 — an absolute-form

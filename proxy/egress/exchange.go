@@ -150,6 +150,7 @@ func (e *Egress) exchange(ctx *fasthttp.RequestCtx, x *exchange, pool *connpool.
 				// are used after this.
 				if err := forward.FrameForHTTP10(ctx, &x.code); err != nil {
 					respond.Upstream(ctx, r.Name, err)
+					r.Stats.Reject(respond.ControlUpstream, r.Name)
 				}
 				return
 			}

@@ -190,5 +190,6 @@ func (g *Ingress) forward(ctx *fasthttp.RequestCtx, rt *policyState, f httpwire.
 	// x is done once the stream is closed: only ctx is used after this.
 	if err := forward.FrameForHTTP10(ctx, &x.code); err != nil {
 		respond.Upstream(ctx, "worker", err)
+		g.stats.Reject(respond.ControlUpstream, "worker")
 	}
 }

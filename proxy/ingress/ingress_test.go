@@ -17,6 +17,8 @@ import (
 
 	"github.com/warden-dev/warden/governor/clock"
 	"github.com/warden-dev/warden/internal/fasttest"
+	"github.com/warden-dev/warden/internal/loopback"
+	"github.com/warden-dev/warden/proxy/forward"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m, fasttest.LeakOptions()...) }
@@ -42,9 +44,17 @@ ingress:
 
 func start(t *testing.T, tenant string, h fasthttp.RequestHandler) *fixture {
 	t.Helper()
+	worker := fasttest.StartUpstream(t, h)
+	f := startAt(t, tenant, worker.Addr)
+	f.worker = worker
+	return f
+}
+
+// startAt runs the ingress in front of a worker already listening at addr.
+func startAt(t *testing.T, tenant, addr string) *fixture {
+	t.Helper()
 	f := &fixture{clk: clock.NewFake(t0)}
-	f.worker = fasttest.StartUpstream(t, h)
-	gov, ctl := fasttest.NewGovernor(t, f.clk, policyFor(f.worker.Addr, tenant))
+	gov, ctl := fasttest.NewGovernor(t, f.clk, policyFor(addr, tenant))
 	f.gov = gov
 	f.in = New(Options{Clock: f.clk, Metrics: gov.Metrics})
 	if err := f.in.Apply(context.Background(), ctl); err != nil {
@@ -634,7 +644,34 @@ func TestHTTP10ClientGetsALength(t *testing.T) {
 			}
 		})
 	}
+	// Past forward.HTTP10BodyMax: a 502, counted as the worker's refusal. A
+	// raw worker, since fasthttp's would frame its answer to an HTTP/1.0
+	// request with a length.
+	long := startAt(t, "", loopback.Serve(t, func(c net.Conn) {
+		br := bufio.NewReader(c)
+		for {
+			if l, err := br.ReadString('\n'); err != nil || l == "\r\n" {
+				break
+			}
+		}
+		bw := bufio.NewWriter(c)
+		bw.WriteString("HTTP/1.1 200 OK\r\nConnection: close\r\n\r\n") // ends when the worker closes
+		io.Copy(bw, io.LimitReader(zeros{}, forward.HTTP10BodyMax+1))
+		bw.Flush()
+	}))
+	resp, _ := fasttest.Raw(t, long.addr, "GET / HTTP/1.0\r\nHost: w\r\n\r\n")
+	if resp.StatusCode != 502 || resp.Header.Get("X-Warden-Control") != "upstream" {
+		t.Fatalf("HTTP/1.0, too long: %d %v", resp.StatusCode, resp.Header)
+	}
+	if n := fasttest.Value(long.gov.Metrics.Rejections.WithLabelValues("upstream", "worker")); n != 1 {
+		t.Fatalf("rejections{upstream,worker} = %v", n)
+	}
 }
+
+// zeros reads as an endless run of zero bytes.
+type zeros struct{}
+
+func (zeros) Read(p []byte) (int, error) { clear(p); return len(p), nil }
 
 // TestRequestTrailersDropped: a chunked request's trailer fields are
 // dropped, and the request the worker gets announces none.
