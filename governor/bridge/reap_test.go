@@ -71,6 +71,111 @@ func TestIdleTimeoutSparesRunningStatement(t *testing.T) {
 	r.fatal("57P05")
 }
 
+// A statement sent with the extended protocol and Flush, no Sync yet, is
+// running: PostgreSQL counts a session idle only once it has sent
+// ReadyForQuery, which it does only for the Sync. None of the limits that
+// wait for an idle session cuts it; each applies once the Sync is answered.
+func TestFlushedStatementIsNotIdle(t *testing.T) {
+	cases := []struct {
+		name   string
+		mod    func(*policy.Bridge)
+		begin  bool          // run the statement inside a transaction
+		past   time.Duration // a moment past the limit, while the statement runs
+		status byte          // of the ReadyForQuery that answers the Sync
+		code   string        // what the client gets once idle
+		reason string
+		idle   time.Duration // how long after the Sync the limit cuts (0: at once)
+	}{
+		{"idle_timeout", func(b *policy.Bridge) { b.IdleTimeout = 30 * time.Second },
+			false, 31 * time.Second, 'I', "57P05", ReasonIdle, 30 * time.Second},
+		{"idle_in_transaction_timeout", func(b *policy.Bridge) {
+			b.IdleTimeout = time.Hour
+			b.IdleInTransactionTimeout = 10 * time.Second
+		}, true, 11 * time.Second, 'T', "25P03", ReasonIdleInTransaction, 10 * time.Second},
+		// The idle_timeout only keeps a timer armed for the test to await.
+		{"max_lifetime", func(b *policy.Bridge) {
+			b.MaxLifetime = time.Minute
+			b.IdleTimeout = time.Hour
+		}, false, 61 * time.Second, 'I', "57P01", ReasonMaxLifetime, 0},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			clk := clock.NewFake(t0)
+			h := newHarness(t, clk, nil).withPostgres()
+			h.mustApply(h.pgBridge("flush", tc.mod))
+			table := h.table()
+			locker := h.direct()
+			ctx := context.Background()
+			if _, err := locker.Exec(ctx, "BEGIN; LOCK TABLE "+table+" IN ACCESS EXCLUSIVE MODE"); err != nil {
+				t.Fatal(err)
+			}
+			app := fmt.Sprintf("flusher%d", time.Now().UnixNano())
+			r := h.dialRaw("flush")
+			r.login(h.user, h.db, app)
+			if tc.begin {
+				if st, e := r.query("BEGIN"); e != nil || st != 'T' {
+					t.Fatalf("begin: %c %v", st, e)
+				}
+			}
+			r.fe.SendParse(&pgproto3.Parse{Query: "SELECT count(*) FROM " + table})
+			r.fe.SendBind(&pgproto3.Bind{})
+			r.fe.SendExecute(&pgproto3.Execute{})
+			r.fe.Send(&pgproto3.Flush{})
+			if err := r.fe.Flush(); err != nil {
+				t.Fatal(err)
+			}
+			waitBlocked(t, locker, app)
+
+			armed := clk.TimerArmed()
+			reaped := h.until("flush", func(s Snapshot) bool { return s.Reaped[tc.reason] != 0 })
+			clk.Advance(tc.past)
+			select {
+			case <-armed: // the check ran, found the session busy and re-armed
+			case <-reaped:
+				t.Fatalf("a running statement sent with Flush was reaped (%s)", tc.reason)
+			case <-time.After(10 * time.Second):
+				t.Fatal("the check neither reaped nor re-armed")
+			}
+			if s := h.bridge("flush").snapshot(clk.Now()); s.Reaped[tc.reason] != 0 || s.InUse != 1 || s.IdleInTransaction != 0 {
+				t.Fatalf("a running statement sent with Flush was treated as idle: %+v", s)
+			}
+			if _, err := locker.Exec(ctx, "COMMIT"); err != nil {
+				t.Fatal(err)
+			}
+			// Flush makes the server send the result without a ReadyForQuery.
+			for {
+				msg, err := r.fe.Receive()
+				if err != nil {
+					t.Fatalf("statement result: %v", err)
+				}
+				if e, ok := msg.(*pgproto3.ErrorResponse); ok {
+					t.Fatalf("statement failed: %s %s", e.Code, e.Message)
+				}
+				if _, ok := msg.(*pgproto3.CommandComplete); ok {
+					break
+				}
+			}
+			// Still no ReadyForQuery: still not idle.
+			if s := h.bridge("flush").snapshot(clk.Now()); s.InUse != 1 || s.IdleInTransaction != 0 {
+				t.Fatalf("idle before the Sync is answered: %+v", s)
+			}
+			r.fe.Send(&pgproto3.Sync{})
+			if err := r.fe.Flush(); err != nil {
+				t.Fatal(err)
+			}
+			if st, e := r.untilReady(); e != nil || st != tc.status {
+				t.Fatalf("sync: %c %v", st, e)
+			}
+			// Idle (or idle in a transaction) from the ReadyForQuery on.
+			if tc.idle > 0 {
+				advanceUntil(t, clk, tc.idle, h.until("flush", func(s Snapshot) bool { return s.Reaped[tc.reason] == 1 }))
+			}
+			r.fatal(tc.code)
+			h.reaped("flush", tc.reason, 1)
+		})
+	}
+}
+
 // waitBlocked polls the server until the bridge's backend waits on a lock:
 // proof the statement went through the bridge.
 func waitBlocked(t *testing.T, direct *pgx.Conn, app string) {

@@ -77,6 +77,13 @@ type frontendScanner struct {
 	// after Execute and another after CopyDone), so when copy data follows,
 	// those Syncs will get no ReadyForQuery.
 	syncs int
+	// open is set while an extended-protocol request (Parse, Bind,
+	// Describe, Execute, Close, Flush, copy data after an ignored Sync) has
+	// no Sync yet. PostgreSQL counts a session idle only once it has sent
+	// ReadyForQuery, so a statement sent with Flush and no Sync is running,
+	// not idle: the open request counts as one awaited ReadyForQuery, the
+	// one its Sync will get.
+	open bool
 }
 
 // noTerminate is scan's terminate result when the chunk has no Terminate.
@@ -87,8 +94,9 @@ const noTerminate = -1
 const terminateSplit = -2
 
 // scan follows chunk p. It returns how many more ReadyForQuery messages the
-// client now awaits (negative when copy data shows earlier Syncs will be
-// ignored), and where a Terminate message starts in p (noTerminate if none).
+// client now awaits, an open request counting as one (negative when copy
+// data shows earlier Syncs will be ignored), and where a Terminate message
+// starts in p (noTerminate if none).
 func (s *frontendScanner) scan(p []byte) (rfq, terminate int, err error) {
 	terminate = noTerminate
 	for i := 0; i < len(p); {
@@ -113,14 +121,27 @@ func (s *frontendScanner) scan(p []byte) (rfq, terminate int, err error) {
 			s.syncs = 0
 		case 'E':
 			s.syncs = 0
+			rfq += s.openRequest()
+		case 'P', 'B', 'D', 'C', 'H':
+			rfq += s.openRequest()
 		case 'S':
-			rfq++
+			// The Sync's ReadyForQuery is the one an open request awaited.
+			if s.open {
+				s.open = false
+			} else {
+				rfq++
+			}
 			s.syncs++
 		case 'F':
 			rfq++
 		case 'd', 'c', 'f':
-			rfq -= s.syncs
-			s.syncs = 0
+			if s.syncs > 0 {
+				// The Syncs since Execute will be ignored: the COPY is a
+				// request still open until the Sync after it.
+				rfq -= s.syncs
+				s.syncs = 0
+				rfq += s.openRequest()
+			}
 		case 'X':
 			if split {
 				terminate = terminateSplit
@@ -130,6 +151,16 @@ func (s *frontendScanner) scan(p []byte) (rfq, terminate int, err error) {
 		}
 	}
 	return rfq, terminate, nil
+}
+
+// openRequest notes an extended-protocol message: it returns 1 if it opens
+// a request (one more ReadyForQuery awaited, that of its Sync), else 0.
+func (s *frontendScanner) openRequest() int {
+	if s.open {
+		return 0
+	}
+	s.open = true
+	return 1
 }
 
 // backendScanner follows the server→client stream.

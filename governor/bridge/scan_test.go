@@ -57,12 +57,20 @@ func TestFrontendScanner(t *testing.T) {
 		{"simple query", encode(t, &pgproto3.Query{String: "select 1"}), 1, noTerminate},
 		{"extended", encode(t, parse, bind, &pgproto3.Describe{ObjectType: 'P'}, exec, sync), 1, noTerminate},
 		{"pipeline of three", encode(t, bind, exec, sync, bind, exec, sync, bind, exec, sync), 3, noTerminate},
-		{"flush only", encode(t, parse, &pgproto3.Flush{}), 0, noTerminate},
+		// A request sent with Flush and no Sync yet is running: it awaits
+		// the ReadyForQuery of its Sync, and the Sync adds no other.
+		{"flush only", encode(t, &pgproto3.Flush{}), 1, noTerminate},
+		{"execute and flush", encode(t, parse, bind, exec, &pgproto3.Flush{}), 1, noTerminate},
+		{"execute, flush, then sync", encode(t, parse, bind, exec, &pgproto3.Flush{}, sync), 1, noTerminate},
+		{"describe and close", encode(t, &pgproto3.Describe{ObjectType: 'S'}, &pgproto3.Close{ObjectType: 'S'}, sync), 1, noTerminate},
+		{"pipeline with an unsynced tail", encode(t, bind, exec, sync, bind, exec, &pgproto3.Flush{}), 2, noTerminate},
 		{"function call", encode(t, &pgproto3.FunctionCall{Function: 1}), 1, noTerminate},
 		// libpq's extended-protocol COPY FROM STDIN: the Sync sent with
 		// Execute is ignored by the server inside COPY IN.
 		{"extended copy in", encode(t, parse, bind, exec, sync,
 			&pgproto3.CopyData{Data: []byte("1\n")}, &pgproto3.CopyData{Data: []byte("2\n")}, &pgproto3.CopyDone{}, sync), 1, noTerminate},
+		{"extended copy in sent with flush", encode(t, parse, bind, exec, &pgproto3.Flush{},
+			&pgproto3.CopyData{Data: []byte("1\n")}, &pgproto3.CopyDone{}, sync), 1, noTerminate},
 		{"simple copy in", encode(t, &pgproto3.Query{String: "copy t from stdin"},
 			&pgproto3.CopyData{Data: []byte("1\n")}, &pgproto3.CopyFail{Message: "no"}), 1, noTerminate},
 		{"terminate", encode(t, &pgproto3.Query{String: "select 1"}, &pgproto3.Terminate{}), 1, 14},
@@ -80,6 +88,14 @@ func TestFrontendScanner(t *testing.T) {
 				}
 				if rfq != tc.rfq || term != wantTerm {
 					t.Fatalf("cut %d: rfq %d term %d, want %d %d", cut, rfq, term, tc.rfq, wantTerm)
+				}
+				// Every case is one request or more, with no ReadyForQuery
+				// received: from its first header on, the client awaits
+				// one, so the session is busy (never idle mid-request).
+				if cut >= 5 {
+					if busy, _, _ := frontendSplit(tc.p[:cut]); busy < 1 {
+						t.Fatalf("after %d bytes: %d ReadyForQuery awaited, the session would count as idle", cut, busy)
+					}
 				}
 			}
 		})
