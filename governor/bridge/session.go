@@ -73,6 +73,9 @@ type session struct {
 	// hangs up once it has read it did not vanish, and its EOF may well
 	// reach the bridge before the server's close does.
 	serverEnding atomic.Bool
+	// tcp: the client sent EOF and its half-close was passed upstream; the
+	// upstream's reply still flows to it.
+	halfClosed atomic.Bool
 
 	timerMu sync.Mutex
 	timer   clock.Timer
@@ -218,10 +221,31 @@ func (s *session) clientToServer() {
 			}
 		}
 		if err != nil {
+			if s.halfClose(err) {
+				return
+			}
 			s.end(s.clientEnd(err))
 			return
 		}
 	}
+}
+
+// halfClose passes a tcp client's EOF on as a half-close of the upstream
+// connection, as a TCP proxy does: a client that shut down its sending side
+// (request sent, now reading the reply) is done sending, not gone. The
+// upstream's reply keeps flowing to it; the session ends when the upstream
+// closes too, or by the reaping rules (idle_timeout) if it never does. It
+// reports whether it did so.
+func (s *session) halfClose(err error) bool {
+	if s.pg || !errors.Is(err, io.EOF) || s.endCause() != causeNone {
+		return false
+	}
+	s.halfClosed.Store(true)
+	// This loop, the upstream's only writer, has written its last byte.
+	if s.upNet.CloseWrite() != nil {
+		s.end(causeServerClosed)
+	}
+	return true
 }
 
 // forwardClient sends one client chunk upstream; false ends the loop.
@@ -320,7 +344,13 @@ func (s *session) forwardServer(p []byte) bool {
 	if !s.pg {
 		s.touch()
 		if _, err := s.clIO.Write(p); err != nil {
-			s.end(s.clientLost())
+			if s.halfClosed.Load() {
+				// A client that closed cleanly and then refused the rest
+				// of the reply (close, not shutdown) left; it did not vanish.
+				s.end(causeClientDone)
+			} else {
+				s.end(s.clientLost())
+			}
 			return false
 		}
 		return true

@@ -152,3 +152,136 @@ func TestTCPStopAccepting(t *testing.T) {
 	}
 	a.c.Close()
 }
+
+// requestServer is a loopback upstream that reads a request to EOF (the
+// client's half-close), replies "got <request>" and closes.
+func requestServer(t *testing.T) string {
+	return loopback.Serve(t, func(c net.Conn) {
+		req, err := io.ReadAll(c)
+		if err == nil {
+			_, _ = io.WriteString(c, "got "+string(req))
+		}
+	})
+}
+
+// request sends req, half-closes and returns all the bridge sends back
+// until it closes.
+func (c *tcpClient) request(req string) string {
+	c.t.Helper()
+	if _, err := io.WriteString(c.c, req); err != nil {
+		c.t.Fatal(err)
+	}
+	if err := c.c.(*net.TCPConn).CloseWrite(); err != nil {
+		c.t.Fatal(err)
+	}
+	return c.readAll()
+}
+
+func (c *tcpClient) readAll() string {
+	c.t.Helper()
+	got, err := io.ReadAll(c.r)
+	if err != nil {
+		c.t.Fatalf("reply: %q, %v", got, err)
+	}
+	return string(got)
+}
+
+// A tcp client that sends its request and then half-closes (shutdown
+// SHUT_WR: done sending, now reading) gets the upstream's whole reply, as
+// from a direct connection: its EOF is passed on as a half-close of the
+// upstream side, and the session ends, freeing the slot, when the upstream
+// closes too. That is a normal end, not a reap.
+func TestTCPHalfClose(t *testing.T) {
+	cases := []struct {
+		name string
+		wait bool // the client waits for the slot, and half-closes meanwhile
+	}{
+		{"with a free slot", false},
+		// It keeps its turn: its bytes and its half-close are delivered
+		// once it has a connection.
+		{"while waiting for a slot", true},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			eof := make(chan struct{}, 1)
+			testHookWaitingEOF = func() { eof <- struct{}{} }
+			t.Cleanup(func() { testHookWaitingEOF = nil })
+			h := newHarness(t, clock.Real{}, nil)
+			h.mustApply(tcpBridge("half", requestServer(t), func(b *policy.Bridge) { b.MaxConnections = 1 }))
+			if !tc.wait {
+				if got := h.dialTCP("half").request("select 1"); got != "got select 1" {
+					t.Fatalf("reply %q, want %q", got, "got select 1")
+				}
+			} else {
+				holder := h.dialTCP("half")
+				h.waitFor("half", "the slot taken", func(s Snapshot) bool { return s.Live == 1 })
+				c := h.dialTCP("half")
+				h.waitFor("half", "the client waiting", func(s Snapshot) bool { return s.Waiting == 1 })
+				if _, err := io.WriteString(c.c, "early request"); err != nil {
+					t.Fatal(err)
+				}
+				if err := c.c.(*net.TCPConn).CloseWrite(); err != nil {
+					t.Fatal(err)
+				}
+				reply := make(chan string, 1)
+				go func() {
+					got, _ := io.ReadAll(c.r)
+					reply <- string(got)
+				}()
+				select {
+				case <-eof:
+				case got := <-reply:
+					t.Fatalf("the waiting client was closed at its half-close (got %q)", got)
+				case <-time.After(10 * time.Second):
+					t.Fatal("the bridge never read the waiting client's half-close")
+				}
+				if s := h.bridge("half").snapshot(time.Now()); s.Waiting != 1 {
+					t.Fatalf("the client left the queue: %+v", s)
+				}
+				if got := holder.request("first"); got != "got first" {
+					t.Fatalf("holder's reply %q", got)
+				}
+				if got := <-reply; got != "got early request" {
+					t.Fatalf("reply %q, want %q", got, "got early request")
+				}
+			}
+			s := h.waitFor("half", "the slot freed", func(s Snapshot) bool { return s.Live == 0 && s.Waiting == 0 })
+			for _, reason := range Reasons {
+				if s.Reaped[reason] != 0 {
+					t.Errorf("%d %s reaps counted", s.Reaped[reason], reason)
+				}
+			}
+		})
+	}
+}
+
+// A half-closed session whose upstream never closes does not hold its slot
+// forever: idle_timeout applies as to any session.
+func TestTCPHalfClosedIdleTimeout(t *testing.T) {
+	clk := clock.NewFake(t0)
+	h := newHarness(t, clk, nil)
+	halfClosed, testOver := make(chan struct{}), make(chan struct{})
+	silent := loopback.Serve(t, func(c net.Conn) {
+		_, _ = io.Copy(io.Discard, c) // reads to EOF, then neither replies nor closes
+		close(halfClosed)
+		<-testOver
+	})
+	t.Cleanup(func() { close(testOver) }) // runs before the server's cleanup
+	h.mustApply(tcpBridge("silent", silent, func(b *policy.Bridge) { b.IdleTimeout = 10 * time.Second }))
+	c := h.dialTCP("silent")
+	if _, err := io.WriteString(c.c, "anyone?"); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.c.(*net.TCPConn).CloseWrite(); err != nil {
+		t.Fatal(err)
+	}
+	<-halfClosed // the bridge passed the half-close on
+	if s := h.bridge("silent").snapshot(clk.Now()); s.Live != 1 {
+		t.Fatalf("the half-closed session is gone before idle_timeout: %+v", s)
+	}
+	advanceUntil(t, clk, 10*time.Second, h.until("silent", func(s Snapshot) bool { return s.Reaped[ReasonIdle] == 1 }))
+	if got := c.readAll(); got != "" {
+		t.Fatalf("got %q", got)
+	}
+	h.waitFor("silent", "the slot freed", func(s Snapshot) bool { return s.Live == 0 })
+}

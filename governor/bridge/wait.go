@@ -29,7 +29,7 @@ func (b *bridge) acquire(c *net.TCPConn, g *generation, key string, runEnded <-c
 	var w *watch
 	conn, waited, err := g.pool.Acquire(ctx, key, g.cfg.WaitTimeout, func() {
 		b.notify()
-		w = watchClient(c, cancel)
+		w = watchClient(c, cancel, g.cfg.Protocol != protocolPostgres)
 		if runEnded != nil {
 			go func() {
 				select {
@@ -58,7 +58,18 @@ type watch struct {
 	done chan struct{}
 }
 
-func watchClient(c *net.TCPConn, gone context.CancelCauseFunc) *watch {
+// testHookWaitingEOF, if set, runs when a waiting tcp client has sent
+// bytes and then EOF and keeps its turn. Tests set it before starting any
+// bridge.
+var testHookWaitingEOF func()
+
+// watchClient reads waiting client c until stopped. A client whose stream
+// ends is gone and leaves the queue, unless tcp is set and it sent bytes
+// first: it half-closed after its request and awaits the reply, so it keeps
+// its turn, and once it has a connection its bytes are delivered followed
+// by the half-close (the session reads its EOF again), as a direct
+// connection would have delivered them.
+func watchClient(c *net.TCPConn, gone context.CancelCauseFunc, tcp bool) *watch {
 	w := &watch{c: c, done: make(chan struct{})}
 	go func() {
 		defer close(w.done)
@@ -66,12 +77,18 @@ func watchClient(c *net.TCPConn, gone context.CancelCauseFunc) *watch {
 		for len(w.buf) < maxEarly {
 			n, err := c.Read(tmp[:])
 			w.buf = append(w.buf, tmp[:n]...)
-			if err != nil {
-				if !errors.Is(err, errDeadline) {
-					gone(errClientGone)
+			switch {
+			case err == nil:
+				continue
+			case errors.Is(err, errDeadline):
+			case tcp && errors.Is(err, io.EOF) && len(w.buf) > 0:
+				if testHookWaitingEOF != nil {
+					testHookWaitingEOF()
 				}
-				return
+			default:
+				gone(errClientGone)
 			}
+			return
 		}
 	}()
 	return w
