@@ -475,9 +475,9 @@ func (s *session) state(now time.Time) int {
 
 // reusable reports whether the upstream connection may serve the next
 // client with the same login once this one terminates: the server admitted
-// the login without a password (so it would admit the next one the same
-// way), the session is idle between transactions, and nothing marks it to
-// close.
+// the login without a password (it checks logins only when a connection is
+// made, so a kept connection serves that login until it closes), the
+// session is idle between transactions, and nothing marks it to close.
 func (s *session) reusable() bool {
 	return s.key != "" && s.state(s.clk.Now()) == stIdle && s.closeIdle.Load() == int32(causeNone) &&
 		s.fs.atBoundary() && s.trusted.Load() && s.welcome.Load() != nil
