@@ -131,7 +131,6 @@ func New(opts Options) *Scheduler {
 		freed:      make(chan *active, freedBuffer),
 	}
 	s.client = newWorkerClient()
-	s.gauges = runGauges(opts.Metrics)
 	s.deliv = opts.Deliver
 	if s.deliv == nil {
 		s.deliv = s.httpDeliver
@@ -204,6 +203,15 @@ func (s *Scheduler) start(ctx context.Context, c *governor.Controls, cfg *config
 			lease = DefaultLease
 		}
 		s.shared = &shared{st: pg, owner: owner, lease: lease}
+	}
+	// warden_runs follows this sidecar's own transitions with its own
+	// store; a shared queue's runs move on every sidecar, so there the
+	// gauge is only set from the store's counts (loadCounts, each sweep):
+	// one sidecar claiming runs another counted as queued took it below
+	// zero.
+	s.gauges = nil
+	if s.shared == nil {
+		s.gauges = runGauges(s.m)
 	}
 	s.rg = newRedisGates(s.opts.Counter, s.shared != nil)
 	s.q = newQueue()

@@ -474,3 +474,43 @@ func TestSharedStoreDrainStopsClaiming(t *testing.T) {
 		t.Fatalf("the draining sidecar delivered %d runs, want only its first 2", n)
 	}
 }
+
+// warden_runs on a sidecar of a shared queue comes from the store's counts
+// only: a sidecar claiming runs another one took in never counts them out
+// of a QUEUED it never counted them into (it went negative). The lease is
+// long, so no sweep refreshes the gauge during the test.
+func TestSharedStoreRunsGaugeNeverNegative(t *testing.T) {
+	db := newSharedDB(t)
+	const n = 10
+	w := newWorker(t, func(d delivery) (int, string) {
+		time.Sleep(5 * time.Millisecond) // runs overlap, so both sidecars claim
+		return 200, `{"ok":true}`
+	})
+	sched := `
+  worker_max_concurrent: 1
+  definitions:
+    job: {}`
+	a := newSidecar(t, db, w, sched, time.Hour)
+	b := newSidecar(t, db, w, sched, time.Hour)
+	for i := range n {
+		resp, err := a.client.Post(a.base, "application/json", strings.NewReader(fmt.Sprintf(`{"name":"job","input":{"i":%d}}`, i)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+	}
+	deadline := time.Now().Add(20 * time.Second)
+	for db.count(t, "status = 5") < n {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d of %d runs COMPLETED", db.count(t, "status = 5"), n)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	for name, h := range map[string]*harness{"a": a, "b": b} {
+		for _, st := range []string{"QUEUED", "RUNNING", "COMPLETED"} {
+			if v := value(h.m.Runs.WithLabelValues(st)); v < 0 {
+				t.Errorf("sidecar %s: warden_runs{status=%q} = %v", name, st, v)
+			}
+		}
+	}
+}
