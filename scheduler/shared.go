@@ -292,8 +292,9 @@ func (s *Scheduler) leaseSharedPermits(a *active, until int64) {
 }
 
 // sharedQueues is GET /v1/queues read from the shared store: every
-// sidecar's waiting and admitted runs. The control column is left empty:
-// only a claim knows which gate holds a run.
+// sidecar's waiting and admitted runs, and the control holding each
+// definition's and key's next run, as the shared gates read now (a view:
+// only a claim decides).
 func (s *Scheduler) sharedQueues(now time.Time) []QueueState {
 	out := []QueueState{}
 	cfg := s.cfgPtr.Load()
@@ -327,18 +328,38 @@ func (s *Scheduler) sharedQueues(now time.Time) []QueueState {
 	ki := 0
 	for _, g := range defs {
 		row := QueueState{Scope: "definition", Definition: g.Name, Depth: g.Depth, OldestAgeSeconds: age(g.Oldest), Running: g.Admitted}
-		if cfg != nil && cfg.defs[g.Name] == nil && g.Depth > 0 {
-			row.Control = ControlDefinition
-		}
-		out = append(out, row)
+		var keyRows []QueueState
+		// The definition's next run is the oldest waiting one whose key
+		// has room; when every waiting key is full, the key holds it.
+		var next *pgstore.GroupStat
 		for ; ki < len(keys) && keys[ki].Name <= g.Name; ki++ {
 			if keys[ki].Name != g.Name {
 				continue
 			}
 			k := keys[ki]
-			out = append(out, QueueState{Scope: "key", Definition: g.Name, Key: &k.Key, Depth: k.Depth,
-				OldestAgeSeconds: age(k.Oldest), Running: k.Admitted})
+			kr := QueueState{Scope: "key", Definition: g.Name, Key: &k.Key, Depth: k.Depth,
+				OldestAgeSeconds: age(k.Oldest), Running: k.Admitted}
+			if k.Depth > 0 && cfg != nil && cfg.defs[g.Name] != nil {
+				kr.Control = s.sharedControl(ctx, g.Name, k.Key, now)
+				if kr.Control != ControlKey && (next == nil || k.Oldest < next.Oldest) {
+					next = &keys[ki]
+				}
+			}
+			keyRows = append(keyRows, kr)
 		}
+		switch {
+		case g.Depth == 0, cfg == nil:
+		case cfg.defs[g.Name] == nil:
+			row.Control = ControlDefinition
+		case len(keyRows) == 0:
+			row.Control = s.sharedControl(ctx, g.Name, "", now)
+		case next == nil:
+			row.Control = ControlKey
+		default:
+			row.Control = s.sharedControl(ctx, g.Name, next.Key, now)
+		}
+		out = append(out, row)
+		out = append(out, keyRows...)
 		if cfg != nil {
 			if d := cfg.defs[g.Name]; d != nil && d.pool != nil {
 				p := pools[d.pool.ID()]

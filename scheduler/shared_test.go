@@ -354,6 +354,21 @@ func TestSharedStoreControlsAndWindowBoundary(t *testing.T) {
 	if deref(second.Control) != ControlKey {
 		t.Fatalf("submit receipt names control %s, want key_concurrency", deref(second.Control))
 	}
+	// GET /v1/queues names what holds each definition's and key's next
+	// run, read from the shared gates as the runs' views are.
+	got := map[string]string{}
+	for _, r := range h.sched.Queues().([]QueueState) {
+		name := r.Scope + ":" + r.Definition + r.Pool
+		if r.Key != nil {
+			name += ":" + *r.Key
+		}
+		got[name] = r.Control
+	}
+	for name, want := range map[string]string{"definition:job": ControlPoolRate, "definition:keyed": ControlKey, "key:keyed:a": ControlKey} {
+		if got[name] != want {
+			t.Errorf("/v1/queues %s: control %q, want %q (all: %v)", name, got[name], want, got)
+		}
+	}
 	// t0 is 43 s before a minute boundary.
 	h.fake.Advance(42 * time.Second)
 	h.settle()
