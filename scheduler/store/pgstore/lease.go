@@ -80,6 +80,9 @@ type SweepRequest struct {
 	// ScheduleToStart is each definition's schedule_to_start_timeout in
 	// nanoseconds (absent or 0: none).
 	ScheduleToStart map[string]int64
+	// restarted, set by Restart, is an owner whose process has just
+	// started: its STARTING runs count as expired whatever their lease.
+	restarted string
 }
 
 // sweepMax bounds the expired runs one sweep handles; the next takes the
@@ -106,8 +109,8 @@ func (s *Store) Sweep(ctx context.Context, req SweepRequest) (SweepResult, error
 
 func (s *Store) sweepTx(ctx context.Context, tx pgx.Tx, req SweepRequest, res *SweepResult) error {
 	rows, err := tx.Query(ctx, "SELECT "+metaCols+`, owner FROM warden_runs
-		WHERE status IN `+admittedSQL+` AND lease_until <> 0 AND lease_until <= $1
-		ORDER BY seq LIMIT $2 FOR UPDATE SKIP LOCKED`, req.Now, sweepMax)
+		WHERE status IN `+admittedSQL+` AND ((lease_until <> 0 AND lease_until <= $1) OR (status = 2 AND $3 <> '' AND owner = $3))
+		ORDER BY seq LIMIT $2 FOR UPDATE SKIP LOCKED`, req.Now, sweepMax, req.restarted)
 	if err != nil {
 		return err
 	}
@@ -133,6 +136,9 @@ func (s *Store) sweepTx(ctx context.Context, tx pgx.Tx, req SweepRequest, res *S
 	for _, e := range expired {
 		r := e.Run
 		d := Decision{Status: store.Queued, Reason: fmt.Sprintf("sidecar %s stopped renewing its lease before the worker accepted the run", e.Owner)}
+		if r.Status == store.Starting && req.restarted != "" && e.Owner == req.restarted {
+			d.Reason = fmt.Sprintf("sidecar %s restarted before the worker accepted the run", e.Owner)
+		}
 		if r.Status == store.Running && req.Decide != nil {
 			d = req.Decide(e)
 		}
@@ -201,4 +207,54 @@ func (s *Store) sweepTx(ctx context.Context, tx pgx.Tx, req SweepRequest, res *S
 		}
 	}
 	return nil
+}
+
+// Restart is what a sidecar does once when its process starts as owner
+// (an owner id kept across restarts: the scheduler keeps it in its data
+// directory). In one transaction, under the claim lock:
+//
+//   - its RUNNING runs (the worker accepted them from the previous process)
+//     stay its own: their leases are renewed to until, whether or not they
+//     had expired, unless another sidecar's sweep took them first;
+//   - its STARTING runs (deliveries that died with the previous process)
+//     are swept at once, exactly as an expired lease is: back to QUEUED
+//     with their rate slot refunded while its window is counted, the next
+//     delivery carrying the next attempt;
+//   - then the rest of a sweep at req.Now, as Sweep does.
+//
+// It returns the RUNNING runs the owner holds, whole (with input), for the
+// scheduler to take back (complete, heartbeat, timeouts).
+func (s *Store) Restart(ctx context.Context, owner string, until int64, req SweepRequest) ([]store.Run, SweepResult, error) {
+	if owner == "" {
+		return nil, SweepResult{}, fmt.Errorf("restart: no owner")
+	}
+	var res SweepResult
+	var held []store.Run
+	err := s.underClaimLock(ctx, func(ctx context.Context, tx pgx.Tx) error {
+		res, held = SweepResult{}, nil
+		if _, err := tx.Exec(ctx, "UPDATE warden_runs SET lease_until = $2 WHERE owner = $1 AND status = 3", owner, until); err != nil {
+			return err
+		}
+		req.restarted = owner
+		if err := s.sweepTx(ctx, tx, req, &res); err != nil {
+			return err
+		}
+		rows, err := tx.Query(ctx, "SELECT "+runCols+" FROM warden_runs WHERE owner = $1 AND status = 3 ORDER BY seq", owner)
+		if err != nil {
+			return err
+		}
+		defer rows.Close()
+		for rows.Next() {
+			var r store.Run
+			if err := scanRun(rows, &r, true); err != nil {
+				return err
+			}
+			held = append(held, r)
+		}
+		return rows.Err()
+	})
+	if err != nil {
+		return nil, SweepResult{}, fmt.Errorf("take back the runs of %s: %w", owner, err)
+	}
+	return held, res, nil
 }

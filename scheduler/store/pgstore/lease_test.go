@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -167,6 +168,77 @@ func TestSweep(t *testing.T) {
 	}
 	if res, err := s.Sweep(bg, pgstore.SweepRequest{Now: base + 6*sec}); err != nil || res.Requeued != 0 {
 		t.Fatalf("sweep of renewed runs: %+v %v", res, err)
+	}
+}
+
+// Restart of owner "a" (its process started again): its STARTING run
+// returns to the queue at once with its rate slot refunded and its attempt
+// kept (the next claim delivers attempt 2); its RUNNING run stays its own,
+// its lease renewed although it had expired, and comes back whole; owner
+// "b"'s STARTING run, within its lease, is untouched.
+func TestRestart(t *testing.T) {
+	u := schemaURL(t)
+	s := open(t, u)
+	defer s.Close()
+	const sec = int64(time.Second)
+	base := int64(1_700_000_040) * sec
+	pool := pgstore.ClaimPool{Rate: 10, WindowStart: base, WindowEnd: base + 60*sec}
+	req := pgstore.ClaimRequest{Owner: "a", Now: base, Lease: 10 * time.Second, Lanes: 10,
+		Defs: map[string]pgstore.ClaimDef{"rated": {Pool: "p"}, "job": {}}, Pools: map[string]pgstore.ClaimPool{"p": pool}}
+	starting := submitN(t, s, "rated", 1, same("k"))[0]
+	running := submitN(t, s, "job", 1, same("k"))[0]
+	if got := mustClaim(t, s, req); len(got) != 2 {
+		t.Fatalf("a claimed %d runs, want 2", len(got))
+	}
+	r, _ := s.Get(bg, running)
+	r.Status = store.Running
+	if err := s.Update(bg, &r, store.Of(store.Starting)); err != nil {
+		t.Fatal(err)
+	}
+	other := submitN(t, s, "job", 1, same("b"))[0]
+	reqB := req
+	reqB.Owner, reqB.Lease = "b", time.Minute
+	if got := mustClaim(t, s, reqB); len(got) != 1 {
+		t.Fatalf("b claimed %d runs, want 1", len(got))
+	}
+	if _, _, err := s.Restart(bg, "", base, pgstore.SweepRequest{Now: base}); err == nil {
+		t.Fatal("Restart without an owner: no error")
+	}
+
+	// Past a's lease (base+10s), within b's.
+	now := base + 11*sec
+	held, res, err := s.Restart(bg, "a", now+10*sec, pgstore.SweepRequest{Now: now,
+		Decide: func(e pgstore.Expired) pgstore.Decision {
+			t.Errorf("Decide called for run %d of %s", e.Run.Seq, e.Owner)
+			return pgstore.Decision{Status: store.Failed}
+		}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(held) != 1 || held[0].Seq != running || held[0].Status != store.Running || string(held[0].Input) != `{"i":0}` {
+		t.Fatalf("Restart returned %+v, want run %d RUNNING with its input", held, running)
+	}
+	if want := (pgstore.SweepResult{Requeued: 1, Refunded: 1}); res != want {
+		t.Fatalf("Restart: %+v, want %+v", res, want)
+	}
+	if poolCount(t, u, "p", base) != 0 {
+		t.Fatal("the STARTING run's rate slot was not refunded")
+	}
+	st, _ := s.Get(bg, starting)
+	if st.Status != store.Queued || st.Attempt != 1 || !strings.Contains(st.Reason, "sidecar a restarted") {
+		t.Fatalf("a's STARTING run after Restart: %s attempt %d reason %q", st.Status, st.Attempt, st.Reason)
+	}
+	if ot, _ := s.Get(bg, other); ot.Status != store.Starting {
+		t.Fatalf("b's run within its lease: %s, want STARTING", ot.Status)
+	}
+	// The renewed lease holds past the old one.
+	if res, err := s.Sweep(bg, pgstore.SweepRequest{Now: now + 5*sec}); err != nil || res.Requeued+res.Ended != 0 {
+		t.Fatalf("a sweep within the renewed lease: %+v %v", res, err)
+	}
+	req.Now = now
+	got := mustClaim(t, s, req)
+	if len(got) != 1 || got[0].Seq != starting || got[0].Attempt != 2 {
+		t.Fatalf("claimed after Restart: %+v, want run %d attempt 2", got, starting)
 	}
 }
 
