@@ -134,8 +134,9 @@ type harness struct {
 	client  *http.Client
 	m       *metrics.Metrics
 	wrap    func(*harness, fasthttp.RequestHandler) fasthttp.RequestHandler
-	dataDir string // set: the scheduler opens its own bbolt store there
+	dataDir string // set: the scheduler opens its own bbolt store there (or keeps its owner id there, with a shared store)
 	lease   time.Duration
+	owner   string
 }
 
 type harnessOpt func(*harness)
@@ -152,6 +153,9 @@ func withWrap(f func(*harness, fasthttp.RequestHandler) fasthttp.RequestHandler)
 
 // withLease sets the claim lease of a scheduler on a shared store.
 func withLease(d time.Duration) harnessOpt { return func(h *harness) { h.lease = d } }
+
+// withOwner sets the owner id of a scheduler on a shared store.
+func withOwner(owner string) harnessOpt { return func(h *harness) { h.owner = owner } }
 
 // withDataDir lets the scheduler open the bbolt store of the policy in dir.
 func withDataDir(dir string) harnessOpt { return func(h *harness) { h.dataDir = dir } }
@@ -191,7 +195,7 @@ func newHarness(t *testing.T, yaml string, opts ...harnessOpt) *harness {
 	if h.st == nil && h.dataDir == "" {
 		h.st = store.NewMemory()
 	}
-	h.sched = New(Options{Clock: h.clk, Metrics: h.m, Store: h.st, DataDir: h.dataDir, Lease: h.lease})
+	h.sched = New(Options{Clock: h.clk, Metrics: h.m, Store: h.st, DataDir: h.dataDir, Lease: h.lease, Owner: h.owner})
 	if err := h.sched.Apply(context.Background(), c); err != nil {
 		t.Fatal(err)
 	}

@@ -24,14 +24,15 @@ import (
 //     their start, heartbeat_timeout from now (heartbeats are not persisted).
 //   - RETRY_WAIT runs get their timer back.
 func (s *Scheduler) recover(ctx context.Context, c *governor.Controls) error {
+	if s.shared != nil {
+		// The runs belong to the shared queue: this sidecar takes back
+		// only its own (its owner id outlives the process); what other
+		// sidecars left admitted is taken back by the lease sweep, and
+		// retry waits by the same sweep.
+		return s.recoverShared(ctx)
+	}
 	if err := s.loadCounts(ctx); err != nil {
 		return fmt.Errorf("count runs: %w", err)
-	}
-	if s.shared != nil {
-		// The runs belong to the shared queue, not to this process: runs
-		// another sidecar (or this one's previous life) left admitted are
-		// taken back by the lease sweep, and retry waits by the same sweep.
-		return nil
 	}
 	var starting, running []uint64
 	type wait struct {

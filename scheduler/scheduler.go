@@ -40,7 +40,10 @@ type Options struct {
 	Metrics *metrics.Metrics // nil: no metrics
 	Log     *slog.Logger     // nil: discard
 	// DataDir holds the bbolt store (DataDir/runs.db) when
-	// scheduler.store.kind is bbolt.
+	// scheduler.store.kind is bbolt. With a shared (postgres) store it
+	// holds this sidecar's owner id (DataDir/sidecar-id), kept across
+	// restarts, and is locked (DataDir/sidecar.lock) while the scheduler
+	// runs; "" (tests) picks a new owner id at every start.
 	DataDir string
 	// Store, when set, is used instead of the store the policy names; the
 	// caller owns it (the scheduler does not close it). Tests and the bench
@@ -49,8 +52,8 @@ type Options struct {
 	// Deliver, when set, replaces the HTTP delivery to ingress.worker (the
 	// bench uses an in-process worker to measure the gates alone).
 	Deliver DeliverFunc
-	// Owner names this sidecar in a shared (postgres) store; "" picks
-	// host-pid-random.
+	// Owner names this sidecar in a shared (postgres) store; "" uses the
+	// id kept in DataDir (see DataDir).
 	Owner string
 	// Lease is how long a run claimed from a shared store stays with this
 	// sidecar without renewal; 0: DefaultLease.
@@ -191,19 +194,30 @@ func (s *Scheduler) start(ctx context.Context, c *governor.Controls, cfg *config
 	if err != nil {
 		return err
 	}
+	var sh *shared
+	if pg, ok := st.(*pgstore.Store); ok {
+		sh = &shared{st: pg, owner: s.opts.Owner, lease: s.opts.Lease}
+		switch {
+		case sh.owner != "":
+		case s.opts.DataDir != "":
+			// The same id as before a restart: the runs this sidecar's
+			// worker accepted are still its own (recover).
+			if sh.owner, sh.unlock, err = sidecarOwner(s.opts.DataDir); err != nil {
+				if own {
+					st.Close()
+				}
+				return err
+			}
+		default:
+			sh.owner = newOwner()
+		}
+		if sh.lease <= 0 {
+			sh.lease = DefaultLease
+		}
+	}
 	s.mu.Lock()
 	s.st, s.ownStore = st, own
-	s.shared = nil
-	if pg, ok := st.(*pgstore.Store); ok {
-		owner, lease := s.opts.Owner, s.opts.Lease
-		if owner == "" {
-			owner = newOwner()
-		}
-		if lease <= 0 {
-			lease = DefaultLease
-		}
-		s.shared = &shared{st: pg, owner: owner, lease: lease}
-	}
+	s.shared = sh
 	// warden_runs follows this sidecar's own transitions with its own
 	// store; a shared queue's runs move on every sidecar, so there the
 	// gauge is only set from the store's counts (loadCounts, each sweep):
@@ -493,6 +507,10 @@ func (s *Scheduler) stop(ctx context.Context) error {
 		if err = s.st.Close(); err != nil {
 			err = fmt.Errorf("close run store: %w", err)
 		}
+	}
+	if s.shared != nil && s.shared.unlock != nil {
+		s.shared.unlock()
+		s.shared.unlock = nil
 	}
 	s.mu.Lock()
 	s.started = false

@@ -2,10 +2,7 @@ package scheduler
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"fmt"
-	"os"
 	"slices"
 	"strings"
 	"time"
@@ -44,7 +41,8 @@ const sharedCallTimeout = 5 * time.Second
 
 type shared struct {
 	st     *pgstore.Store
-	owner  string
+	owner  string // kept across restarts in the data directory (sidecarid.go)
+	unlock func() // releases the data directory's lock; nil when none was taken
 	lease  time.Duration
 	cancel context.CancelFunc
 	done   chan struct{} // closed when the listener and the ticker have stopped
@@ -52,16 +50,6 @@ type shared struct {
 	// Guarded by Scheduler.mu.
 	boundary   clock.Timer // wakes a claim at the end of a window that held runs
 	boundaryAt int64
-}
-
-// newOwner names this sidecar in the store: host, pid and a random
-// suffix, so a restarted process never mistakes the runs of its previous
-// life for its own.
-func newOwner() string {
-	host, _ := os.Hostname()
-	b := make([]byte, 4)
-	rand.Read(b)
-	return fmt.Sprintf("%s-%d-%s", host, os.Getpid(), hex.EncodeToString(b))
 }
 
 // startShared starts the listener and the lease loop.
@@ -129,14 +117,10 @@ func (s *Scheduler) leaseLoop(ctx context.Context) {
 	}
 }
 
-// sweepShared returns runs whose owner's lease expired to the queue (or
-// ends them, as the retry policy says), frees expired permits and requeues
-// retry waits that are due, then refreshes warden_runs from the store.
-func (s *Scheduler) sweepShared(ctx context.Context, now time.Time) {
-	cfg := s.cfgPtr.Load()
-	if cfg == nil {
-		return
-	}
+// sweepRequest is what a sweep at now looks at: the retry policy decides
+// on a RUNNING run whose lease ended, and each definition's
+// schedule_to_start_timeout ends the runs that waited too long.
+func (s *Scheduler) sweepRequest(cfg *config, now time.Time) pgstore.SweepRequest {
 	req := pgstore.SweepRequest{Now: now.UnixNano(), ScheduleToStart: map[string]int64{}, Decide: func(e pgstore.Expired) pgstore.Decision {
 		reason := fmt.Sprintf("sidecar %s stopped renewing its lease while the worker held the run", e.Owner)
 		d := cfg.defs[e.Run.Name]
@@ -152,15 +136,11 @@ func (s *Scheduler) sweepShared(ctx context.Context, now time.Time) {
 			req.ScheduleToStart[d.name] = int64(d.scheduleToStart)
 		}
 	}
-	c, cancel := context.WithTimeout(ctx, sharedCallTimeout)
-	defer cancel()
-	res, err := s.shared.st.Sweep(c, req)
-	if err != nil {
-		if ctx.Err() == nil {
-			s.log.Error("sweep the shared queue", "err", err)
-		}
-		return
-	}
+	return req
+}
+
+// logSweep reports what a sweep took back.
+func (s *Scheduler) logSweep(res pgstore.SweepResult) {
 	if res.Requeued+res.Ended > 0 {
 		s.log.Warn("runs of a sidecar whose lease expired were taken back", "requeued", res.Requeued,
 			"ended", res.Ended, "rate_slots_refunded", res.Refunded)
@@ -168,9 +148,82 @@ func (s *Scheduler) sweepShared(ctx context.Context, now time.Time) {
 	if res.PermitsExpired > 0 {
 		s.log.Warn("semaphore permit leases expired; permits returned", "permits", res.PermitsExpired)
 	}
+}
+
+// sweepShared returns runs whose owner's lease expired to the queue (or
+// ends them, as the retry policy says), frees expired permits and requeues
+// retry waits that are due, then refreshes warden_runs from the store.
+func (s *Scheduler) sweepShared(ctx context.Context, now time.Time) {
+	cfg := s.cfgPtr.Load()
+	if cfg == nil {
+		return
+	}
+	c, cancel := context.WithTimeout(ctx, sharedCallTimeout)
+	defer cancel()
+	res, err := s.shared.st.Sweep(c, s.sweepRequest(cfg, now))
+	if err != nil {
+		if ctx.Err() == nil {
+			s.log.Error("sweep the shared queue", "err", err)
+		}
+		return
+	}
+	s.logSweep(res)
 	if err := s.loadCounts(c); err != nil && ctx.Err() == nil {
 		s.log.Error("count runs", "err", err)
 	}
+}
+
+// recoverShared takes back, at start, what this sidecar (its owner id is
+// kept across restarts) left in the shared store: deliveries that were in
+// flight (STARTING) return to the queue at once, as the sweep returns
+// those of an expired lease; runs the worker accepted (RUNNING) are this
+// process's again — their leases renewed, their complete and heartbeat
+// served here, start_to_close counting from their start and
+// heartbeat_timeout from now, as with the embedded store. Runs of other
+// sidecars are left to their owners and to the lease sweep.
+func (s *Scheduler) recoverShared(ctx context.Context) error {
+	sh := s.shared
+	cfg := s.cfgPtr.Load()
+	if cfg == nil {
+		return nil
+	}
+	now := s.clk.Now()
+	c, cancel := context.WithTimeout(ctx, sharedCallTimeout)
+	defer cancel()
+	held, res, err := sh.st.Restart(c, sh.owner, now.Add(sh.lease).UnixNano(), s.sweepRequest(cfg, now))
+	if err != nil {
+		return err
+	}
+	s.logSweep(res)
+	for _, r := range held {
+		s.resumeShared(r, now)
+	}
+	if len(held) > 0 || res.Requeued > 0 {
+		s.log.Info("runs of this sidecar's previous process taken back", "owner", sh.owner,
+			"running", len(held), "requeued_from_starting", res.Requeued, "rate_slots_refunded", res.Refunded)
+	}
+	return s.loadCounts(c)
+}
+
+// resumeShared takes back a RUNNING run this sidecar holds in the shared
+// store (the gates it holds are counted there, by owner).
+func (s *Scheduler) resumeShared(r store.Run, now time.Time) {
+	cfg := s.cfgPtr.Load()
+	var d *definition
+	if cfg != nil {
+		d = cfg.defs[r.Name]
+	}
+	s.mu.Lock()
+	a := &active{seq: r.Seq, run: r, def: d, q: s.q.def(r.Name), key: r.Key, prio: r.Priority, queuedAt: r.QueuedAt,
+		admittedAt: r.StartedAt, phase: phaseAsync, heartbeatAt: now.UnixNano()}
+	s.running++
+	s.active[r.Seq] = a
+	a.mu.Lock()
+	s.armRunTimer(a)
+	a.mu.Unlock()
+	s.mu.Unlock()
+	// Its permits, like its heartbeat_timeout, count from the restart.
+	s.leaseSharedPermits(a, now.UnixNano()+int64(a.leaseTerm()))
 }
 
 // claimRequest describes this sidecar's gates for a claim at now.
