@@ -215,7 +215,9 @@ func (s *Store) sweepTx(ctx context.Context, tx pgx.Tx, req SweepRequest, res *S
 //
 //   - its RUNNING runs (the worker accepted them from the previous process)
 //     stay its own: their leases are renewed to until, whether or not they
-//     had expired, unless another sidecar's sweep took them first;
+//     had expired, unless another sidecar's sweep took them first, and
+//     their permits still held no longer expire on their own (the caller
+//     leases them again, LeasePermits);
 //   - its STARTING runs (deliveries that died with the previous process)
 //     are swept at once, exactly as an expired lease is: back to QUEUED
 //     with their rate slot refunded while its window is counted, the next
@@ -233,6 +235,13 @@ func (s *Store) Restart(ctx context.Context, owner string, until int64, req Swee
 	err := s.underClaimLock(ctx, func(ctx context.Context, tx pgx.Tx) error {
 		res, held = SweepResult{}, nil
 		if _, err := tx.Exec(ctx, "UPDATE warden_runs SET lease_until = $2 WHERE owner = $1 AND status = 3", owner, until); err != nil {
+			return err
+		}
+		// Their permits still held are kept whatever their lease, covered
+		// by the run's lease until the scheduler leases them again (from
+		// the restart, as the embedded store does).
+		if _, err := tx.Exec(ctx, `UPDATE warden_permits SET expires_at = 0 WHERE holder = $1
+			AND seq IN (SELECT seq FROM warden_runs WHERE owner = $1 AND status = 3)`, owner); err != nil {
 			return err
 		}
 		req.restarted = owner

@@ -184,7 +184,9 @@ func TestRestart(t *testing.T) {
 	base := int64(1_700_000_040) * sec
 	pool := pgstore.ClaimPool{Rate: 10, WindowStart: base, WindowEnd: base + 60*sec}
 	req := pgstore.ClaimRequest{Owner: "a", Now: base, Lease: 10 * time.Second, Lanes: 10,
-		Defs: map[string]pgstore.ClaimDef{"rated": {Pool: "p"}, "job": {}}, Pools: map[string]pgstore.ClaimPool{"p": pool}}
+		Defs:       map[string]pgstore.ClaimDef{"rated": {Pool: "p"}, "job": {Semaphores: []string{"erp"}}, "free": {}},
+		Pools:      map[string]pgstore.ClaimPool{"p": pool},
+		Semaphores: map[string]int{"erp": 1}}
 	starting := submitN(t, s, "rated", 1, same("k"))[0]
 	running := submitN(t, s, "job", 1, same("k"))[0]
 	if got := mustClaim(t, s, req); len(got) != 2 {
@@ -195,7 +197,11 @@ func TestRestart(t *testing.T) {
 	if err := s.Update(bg, &r, store.Of(store.Starting)); err != nil {
 		t.Fatal(err)
 	}
-	other := submitN(t, s, "job", 1, same("b"))[0]
+	// Its permit's lease (heartbeat_timeout) ends before the restart.
+	if err := s.LeasePermits(bg, "a", running, base+sec); err != nil {
+		t.Fatal(err)
+	}
+	other := submitN(t, s, "free", 1, same("b"))[0]
 	reqB := req
 	reqB.Owner, reqB.Lease = "b", time.Minute
 	if got := mustClaim(t, s, reqB); len(got) != 1 {
@@ -230,6 +236,9 @@ func TestRestart(t *testing.T) {
 	}
 	if ot, _ := s.Get(bg, other); ot.Status != store.Starting {
 		t.Fatalf("b's run within its lease: %s, want STARTING", ot.Status)
+	}
+	if held, err := s.PermitsHeld(bg, now); err != nil || held["erp"] != 1 {
+		t.Fatalf("permits of erp held after Restart: %v %v, want the RUNNING run's 1", held, err)
 	}
 	// The renewed lease holds past the old one.
 	if res, err := s.Sweep(bg, pgstore.SweepRequest{Now: now + 5*sec}); err != nil || res.Requeued+res.Ended != 0 {
