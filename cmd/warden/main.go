@@ -114,7 +114,7 @@ func runCmd(args []string, stderr io.Writer) int {
 	fs := flag.NewFlagSet("run", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	policyFile := fs.String("policy", "", "policy file (YAML, version 1)")
-	dataDir := fs.String("data-dir", "./data", "directory for the embedded run store")
+	dataDir := fs.String("data-dir", "./data", "directory for the embedded run store (bbolt) or, with the postgres store, this sidecar's id; one warden per directory")
 	logFormat := fs.String("log-format", "text", "log format: json or text")
 	logLevel := fs.String("log-level", "info", "log level: debug, info, warn or error")
 	if err := fs.Parse(args); err != nil {
