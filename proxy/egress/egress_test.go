@@ -366,6 +366,22 @@ func TestHTTP10ClientGetsALength(t *testing.T) {
 	}
 }
 
+// TestUnreadableRequestCounted: a request fasthttp cannot parse (here a
+// duplicate Content-Length) is refused with warden's JSON 400 before any
+// target is chosen, and counted like the egress's other refusals.
+func TestUnreadableRequestCounted(t *testing.T) {
+	up := fasttest.StartUpstream(t, func(ctx *fasthttp.RequestCtx) {})
+	f := start(t, egressPolicy("  allow_unlisted: true", ""), nil)
+	resp, body := fasttest.Raw(t, f.addr, "POST http://"+up.Addr+"/ HTTP/1.1\r\nHost: "+up.Addr+
+		"\r\nContent-Length: 5\r\nContent-Length: 6\r\n\r\nhello")
+	if resp.StatusCode != 400 || !strings.HasPrefix(string(body), `{"error":`) || up.Requests.Load() != 0 {
+		t.Fatalf("%d %q, upstream saw %d", resp.StatusCode, body, up.Requests.Load())
+	}
+	if n := fasttest.Value(f.gov.Metrics.Requests.WithLabelValues("egress", unlistedName, "400")); n != 1 {
+		t.Fatalf("warden_requests_total{egress,%s,400} = %v", unlistedName, n)
+	}
+}
+
 // TestOptionsWithoutPathIsAsteriskForm: RFC 9112 §3.2.4 — an absolute-form
 // OPTIONS with no path goes upstream as "OPTIONS *"; with a path, as is.
 func TestOptionsWithoutPathIsAsteriskForm(t *testing.T) {

@@ -160,6 +160,13 @@ func (e *Egress) refuse(ctx *fasthttp.RequestCtx, status int, msg string) {
 	e.stats.Target(unlistedName).Done(status, ctx.Time())
 }
 
+// refusedUnread counts a request refused before it could be read (a
+// malformed head or framing, answered by the listener): no target was
+// chosen, so as an unlisted one, like refuse.
+func (e *Egress) refusedUnread(ctx *fasthttp.RequestCtx, status int) {
+	e.stats.Target(unlistedName).Done(status, ctx.Time())
+}
+
 // refuseAdmission writes the refusal of a control and counts it.
 func (e *Egress) refuseAdmission(ctx *fasthttp.RequestCtx, r *route, ref admit.Refusal, now time.Time) int {
 	if errors.Is(ref.Err, context.DeadlineExceeded) {

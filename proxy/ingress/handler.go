@@ -193,3 +193,10 @@ func (g *Ingress) forward(ctx *fasthttp.RequestCtx, rt *policyState, f httpwire.
 		g.stats.Reject(respond.ControlUpstream, "worker")
 	}
 }
+
+// refusedUnread counts a request refused before it could be read (a
+// malformed head or framing, answered by the listener): as the worker's,
+// like the refusals serve answers.
+func (g *Ingress) refusedUnread(ctx *fasthttp.RequestCtx, status int) {
+	g.stats.Target("worker").Done(status, ctx.Time())
+}

@@ -1,10 +1,14 @@
 package listener
 
 import (
+	"errors"
 	"log/slog"
+	"net"
 	"time"
 
 	"github.com/valyala/fasthttp"
+
+	"github.com/warden-dev/warden/proxy/respond"
 )
 
 // idleTimeout closes client keep-alive connections idle this long.
@@ -15,9 +19,22 @@ const idleTimeout = 90 * time.Second
 // Server, Date or default Content-Type added (no Name either: fasthttp
 // sends a set Name as Server even with NoDefaultServerHeader), no multipart parsing, 8 KiB
 // of request head at most (larger heads get 431).
-func ProxyServer(h fasthttp.RequestHandler, log *slog.Logger) *fasthttp.Server {
+//
+// A request fasthttp itself cannot parse (a duplicate or malformed
+// Content-Length, a bad Transfer-Encoding, a broken header line: most
+// smuggling attempts) never reaches h. It is answered here, in warden's
+// JSON like every other refusal, and refused is called with the status
+// so that it is counted like the ones h answers.
+func ProxyServer(h fasthttp.RequestHandler, refused func(ctx *fasthttp.RequestCtx, status int), log *slog.Logger) *fasthttp.Server {
 	return &fasthttp.Server{
-		Handler:                      h,
+		Handler: h,
+		ErrorHandler: func(ctx *fasthttp.RequestCtx, err error) {
+			status := parseErrorStatus(err)
+			respond.Error(ctx, status, "malformed request: "+err.Error())
+			if refused != nil {
+				refused(ctx, status)
+			}
+		},
 		ReadBufferSize:               8 << 10,
 		IdleTimeout:                  idleTimeout,
 		StreamRequestBody:            true,
@@ -28,4 +45,19 @@ func ProxyServer(h fasthttp.RequestHandler, log *slog.Logger) *fasthttp.Server {
 		CloseOnShutdown:              true,
 		Logger:                       slog.NewLogLogger(log.Handler(), slog.LevelDebug),
 	}
+}
+
+// parseErrorStatus is fasthttp's own choice of status for a request it
+// could not read: 431 for a head over the read buffer, 408 for a read
+// that timed out, else 400.
+func parseErrorStatus(err error) int {
+	var small *fasthttp.ErrSmallBuffer
+	var ne net.Error
+	switch {
+	case errors.As(err, &small):
+		return fasthttp.StatusRequestHeaderFieldsTooLarge
+	case errors.As(err, &ne) && ne.Timeout():
+		return fasthttp.StatusRequestTimeout
+	}
+	return fasthttp.StatusBadRequest
 }

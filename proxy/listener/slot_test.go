@@ -66,7 +66,7 @@ var kinds = []struct {
 }{
 	{"fasthttp", func(h *holder, log *slog.Logger) StartFunc {
 		handler := func(ctx *fasthttp.RequestCtx) { h.wait(string(ctx.Path())) }
-		return func(addr string) (Server, error) { return Start(addr, ProxyServer(handler, log), log) }
+		return func(addr string) (Server, error) { return Start(addr, ProxyServer(handler, nil, log), log) }
 	}},
 	{"net/http", func(h *holder, log *slog.Logger) StartFunc {
 		handler := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { h.wait(r.URL.Path) })
@@ -491,7 +491,7 @@ func TestProxyServerAddsNoServerHeader(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	s := ProxyServer(func(ctx *fasthttp.RequestCtx) { ctx.WriteString("ok") }, slog.New(slog.DiscardHandler))
+	s := ProxyServer(func(ctx *fasthttp.RequestCtx) { ctx.WriteString("ok") }, nil, slog.New(slog.DiscardHandler))
 	done := make(chan struct{})
 	go func() { defer close(done); _ = s.Serve(ln) }()
 	defer func() { _ = s.Shutdown(); _ = ln.Close(); <-done }()
