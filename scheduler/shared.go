@@ -383,8 +383,10 @@ func (s *Scheduler) sharedQueues(now time.Time) []QueueState {
 		row := QueueState{Scope: "definition", Definition: g.Name, Depth: g.Depth, OldestAgeSeconds: age(g.Oldest), Running: g.Admitted}
 		var keyRows []QueueState
 		// The definition's next run is the oldest waiting one whose key
-		// has room; when every waiting key is full, the key holds it.
+		// has room (its key row's control is the row's); when every
+		// waiting key is full, the key holds it.
 		var next *pgstore.GroupStat
+		var nextControl string
 		for ; ki < len(keys) && keys[ki].Name <= g.Name; ki++ {
 			if keys[ki].Name != g.Name {
 				continue
@@ -395,7 +397,7 @@ func (s *Scheduler) sharedQueues(now time.Time) []QueueState {
 			if k.Depth > 0 && cfg != nil && cfg.defs[g.Name] != nil {
 				kr.Control = s.sharedControl(ctx, g.Name, k.Key, now)
 				if kr.Control != ControlKey && (next == nil || k.Oldest < next.Oldest) {
-					next = &keys[ki]
+					next, nextControl = &keys[ki], kr.Control
 				}
 			}
 			keyRows = append(keyRows, kr)
@@ -409,7 +411,7 @@ func (s *Scheduler) sharedQueues(now time.Time) []QueueState {
 		case next == nil:
 			row.Control = ControlKey
 		default:
-			row.Control = s.sharedControl(ctx, g.Name, next.Key, now)
+			row.Control = nextControl
 		}
 		out = append(out, row)
 		out = append(out, keyRows...)
