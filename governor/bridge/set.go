@@ -55,6 +55,10 @@ type Set struct {
 	dialer   net.Dialer
 	lc       net.ListenConfig
 	stopHook func()
+	// keptAtEOF, if set (tests), runs when a waiting tcp client has sent
+	// bytes and then EOF and keeps its turn (watchClient). Set before any
+	// bridge starts.
+	keptAtEOF func()
 
 	mu         sync.Mutex
 	order      []string // policy order, for listings

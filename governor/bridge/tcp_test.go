@@ -204,9 +204,8 @@ func TestTCPHalfClose(t *testing.T) {
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			eof := make(chan struct{}, 1)
-			testHookWaitingEOF = func() { eof <- struct{}{} }
-			t.Cleanup(func() { testHookWaitingEOF = nil })
 			h := newHarness(t, clock.Real{}, nil)
+			h.set.keptAtEOF = func() { eof <- struct{}{} }
 			h.mustApply(tcpBridge("half", requestServer(t), func(b *policy.Bridge) { b.MaxConnections = 1 }))
 			if !tc.wait {
 				if got := h.dialTCP("half").request("select 1"); got != "got select 1" {

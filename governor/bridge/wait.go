@@ -29,7 +29,7 @@ func (b *bridge) acquire(c *net.TCPConn, g *generation, key string, runEnded <-c
 	var w *watch
 	conn, waited, err := g.pool.Acquire(ctx, key, g.cfg.WaitTimeout, func() {
 		b.notify()
-		w = watchClient(c, cancel, g.cfg.Protocol != protocolPostgres)
+		w = watchClient(c, cancel, g.cfg.Protocol != protocolPostgres, b.set.keptAtEOF)
 		if runEnded != nil {
 			go func() {
 				select {
@@ -58,18 +58,13 @@ type watch struct {
 	done chan struct{}
 }
 
-// testHookWaitingEOF, if set, runs when a waiting tcp client has sent
-// bytes and then EOF and keeps its turn. Tests set it before starting any
-// bridge.
-var testHookWaitingEOF func()
-
 // watchClient reads waiting client c until stopped. A client whose stream
 // ends is gone and leaves the queue, unless tcp is set and it sent bytes
 // first: it half-closed after its request and awaits the reply, so it keeps
 // its turn, and once it has a connection its bytes are delivered followed
 // by the half-close (the session reads its EOF again), as a direct
-// connection would have delivered them.
-func watchClient(c *net.TCPConn, gone context.CancelCauseFunc, tcp bool) *watch {
+// connection would have delivered them. kept, if set, runs then.
+func watchClient(c *net.TCPConn, gone context.CancelCauseFunc, tcp bool, kept func()) *watch {
 	w := &watch{c: c, done: make(chan struct{})}
 	go func() {
 		defer close(w.done)
@@ -82,8 +77,8 @@ func watchClient(c *net.TCPConn, gone context.CancelCauseFunc, tcp bool) *watch 
 				continue
 			case errors.Is(err, errDeadline):
 			case tcp && errors.Is(err, io.EOF) && len(w.buf) > 0:
-				if testHookWaitingEOF != nil {
-					testHookWaitingEOF()
+				if kept != nil {
+					kept()
 				}
 			default:
 				gone(errClientGone)
