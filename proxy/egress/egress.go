@@ -69,7 +69,7 @@ func New(opts Options) *Egress {
 		tunnels:   tunnels{open: map[*tunnel]struct{}{}},
 	}
 	e.slot = listener.NewSlot("egress", opts.Clock, opts.Log, func(addr string) (listener.Server, error) {
-		return listener.Start(addr, listener.ProxyServer(e.serve, e.refusedUnread, opts.Log), opts.Log)
+		return listener.Start(addr, listener.ProxyServer(e.serve, e.refuse, opts.Log), opts.Log)
 	})
 	return e
 }

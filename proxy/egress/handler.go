@@ -154,16 +154,11 @@ func (e *Egress) route(ctx *fasthttp.RequestCtx, tb *table, hostport []byte, hos
 	return r
 }
 
-// refuse answers a request that was not understood.
+// refuse answers a request that was not understood, before any target was
+// chosen (also one the listener could not read: a malformed head or
+// framing), and counts it as an unlisted host's.
 func (e *Egress) refuse(ctx *fasthttp.RequestCtx, status int, msg string) {
 	respond.Error(ctx, status, msg)
-	e.stats.Target(unlistedName).Done(status, ctx.Time())
-}
-
-// refusedUnread counts a request refused before it could be read (a
-// malformed head or framing, answered by the listener): no target was
-// chosen, so as an unlisted one, like refuse.
-func (e *Egress) refusedUnread(ctx *fasthttp.RequestCtx, status int) {
 	e.stats.Target(unlistedName).Done(status, ctx.Time())
 }
 

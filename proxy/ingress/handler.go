@@ -194,9 +194,10 @@ func (g *Ingress) forward(ctx *fasthttp.RequestCtx, rt *policyState, f httpwire.
 	}
 }
 
-// refusedUnread counts a request refused before it could be read (a
-// malformed head or framing, answered by the listener): as the worker's,
-// like the refusals serve answers.
-func (g *Ingress) refusedUnread(ctx *fasthttp.RequestCtx, status int) {
+// refuseUnread answers a request the listener could not read (a malformed
+// head or framing) and counts it as the worker's, like the refusals serve
+// answers.
+func (g *Ingress) refuseUnread(ctx *fasthttp.RequestCtx, status int, msg string) {
+	respond.Error(ctx, status, msg)
 	g.stats.Target("worker").Done(status, ctx.Time())
 }

@@ -91,7 +91,7 @@ func New(opts Options) *Ingress {
 		pools:     connpool.NewSet(opts.Clock, 0),
 	}
 	g.slot = listener.NewSlot("ingress", opts.Clock, opts.Log, func(addr string) (listener.Server, error) {
-		return listener.Start(addr, listener.ProxyServer(g.serve, g.refusedUnread, opts.Log), opts.Log)
+		return listener.Start(addr, listener.ProxyServer(g.serve, g.refuseUnread, opts.Log), opts.Log)
 	})
 	return g
 }

@@ -22,18 +22,17 @@ const idleTimeout = 90 * time.Second
 //
 // A request fasthttp itself cannot parse (a duplicate or malformed
 // Content-Length, a bad Transfer-Encoding, a broken header line: most
-// smuggling attempts) never reaches h. It is answered here, in warden's
-// JSON like every other refusal, and refused is called with the status
-// so that it is counted like the ones h answers.
-func ProxyServer(h fasthttp.RequestHandler, refused func(ctx *fasthttp.RequestCtx, status int), log *slog.Logger) *fasthttp.Server {
+// smuggling attempts) never reaches h: refuse answers it instead, as the
+// component answers (and counts) its own refusals. Without refuse it gets
+// warden's JSON error, uncounted.
+func ProxyServer(h fasthttp.RequestHandler, refuse func(ctx *fasthttp.RequestCtx, status int, msg string), log *slog.Logger) *fasthttp.Server {
+	if refuse == nil {
+		refuse = respond.Error
+	}
 	return &fasthttp.Server{
 		Handler: h,
 		ErrorHandler: func(ctx *fasthttp.RequestCtx, err error) {
-			status := parseErrorStatus(err)
-			respond.Error(ctx, status, "malformed request: "+err.Error())
-			if refused != nil {
-				refused(ctx, status)
-			}
+			refuse(ctx, parseErrorStatus(err), "malformed request: "+err.Error())
 		},
 		ReadBufferSize:               8 << 10,
 		IdleTimeout:                  idleTimeout,
