@@ -84,14 +84,15 @@ func (e *Egress) exchange(ctx *fasthttp.RequestCtx, x *exchange, pool *connpool.
 		x.req.Deadline = x.start.Add(r.Timeout)
 	}
 	buffered, err := x.body.Prepare(ctx, &x.req, keep)
-	if err != nil && !errors.Is(err, forward.ErrBodyTimeout) {
+	timedOut := errors.Is(err, forward.ErrBodyTimeout) || (err == nil && r.Timeout > 0 && !time.Now().Before(x.req.Deadline))
+	if err != nil && !timedOut {
 		x.adm.Ticket.Done(breaker.Neutral)
 		respond.Error(ctx, fasthttp.StatusBadRequest, err.Error())
 		x.code = fasthttp.StatusBadRequest
 		x.done()
 		return
 	}
-	if err != nil || (r.Timeout > 0 && !time.Now().Before(x.req.Deadline)) {
+	if timedOut {
 		// Used up before anything was sent: the upstream is not to
 		// blame, so the breaker hears nothing.
 		x.adm.Ticket.Done(breaker.Neutral)
