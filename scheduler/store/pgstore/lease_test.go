@@ -17,6 +17,13 @@ import (
 
 var bg = context.Background()
 
+// sec and base are the sweep tests' unit and starting instant (20 s before
+// a minute boundary, so a rate window is current).
+const (
+	sec  = int64(time.Second)
+	base = int64(1_700_000_040) * sec
+)
+
 func mustClaim(t *testing.T, s *pgstore.Store, req pgstore.ClaimRequest) []store.Run {
 	t.Helper()
 	res, err := s.Claim(bg, req)
@@ -50,8 +57,6 @@ func TestSweep(t *testing.T) {
 	u := schemaURL(t)
 	s := open(t, u)
 	defer s.Close()
-	const sec = int64(time.Second)
-	base := int64(1_700_000_040) * sec
 	lease := 2 * time.Second
 	pool := pgstore.ClaimPool{Rate: 10, WindowStart: base, WindowEnd: base + 60*sec}
 	req := pgstore.ClaimRequest{Owner: "dead", Now: base, Lease: lease, Lanes: 10,
@@ -180,8 +185,6 @@ func TestRestart(t *testing.T) {
 	u := schemaURL(t)
 	s := open(t, u)
 	defer s.Close()
-	const sec = int64(time.Second)
-	base := int64(1_700_000_040) * sec
 	pool := pgstore.ClaimPool{Rate: 10, WindowStart: base, WindowEnd: base + 60*sec}
 	req := pgstore.ClaimRequest{Owner: "a", Now: base, Lease: 10 * time.Second, Lanes: 10,
 		Defs:       map[string]pgstore.ClaimDef{"rated": {Pool: "p"}, "job": {Semaphores: []string{"erp"}}, "free": {}},
