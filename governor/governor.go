@@ -112,6 +112,7 @@ func (g *Governor) Apply(p *policy.Policy) *Controls {
 		nt := g.buildTarget(t, prev, leader, c.Pools, claimed)
 		c.Targets[t.Name] = nt
 	}
+	setProbeLeases(p.Targets, c.Targets)
 	if old != nil && g.m != nil {
 		for name := range old.Targets {
 			if _, ok := c.Targets[name]; !ok {
@@ -138,4 +139,29 @@ func (c *Controls) TenantUsage(now time.Time) []tenant.Usage {
 		return out[i].Tenant < out[j].Tenant
 	})
 	return out
+}
+
+// probeLeaseMargin covers the work after a timed-out exchange gives up and
+// before its probe reports.
+const probeLeaseMargin = time.Second
+
+// setProbeLeases bounds each breaker's half-open probe by the longest any
+// target sending through it may take: its timeout, which bounds the whole
+// exchange (queue wait and streamed body included). A target with no
+// timeout leaves its breaker's probe unbounded.
+func setProbeLeases(targets []policy.Target, built map[string]*Target) {
+	lease := map[*breaker.Breaker]time.Duration{}
+	for _, t := range targets {
+		b := built[t.Name].Breaker
+		d, seen := lease[b]
+		switch {
+		case t.Timeout <= 0 || (seen && d == 0):
+			lease[b] = 0
+		default:
+			lease[b] = max(d, t.Timeout+probeLeaseMargin)
+		}
+	}
+	for b, d := range lease {
+		b.SetProbeLease(d)
+	}
 }

@@ -175,3 +175,55 @@ func TestBreakerGaugeShowsHalfOpenWhenScraped(t *testing.T) {
 		t.Fatalf("after its open time: gauge %v, /v1/breakers %q; want 1 and half_open", v, s)
 	}
 }
+
+const leasePol = `version: 1
+egress: { http_listen: 127.0.0.1:0 }
+targets:
+  - { name: a, hosts: [a.example], upstream: "http://api.example:8080", timeout: 30s,
+      circuit_breaker: { enabled: true, minimum_requests: 1, open: 1s, max_open: 1s } }
+  - { name: b, hosts: [b.example], upstream: "http://api.example:8080", timeout: %s,
+      circuit_breaker: { enabled: true, minimum_requests: 1, open: 1s, max_open: 1s } }
+`
+
+// TestProbeLeaseFollowsTheTimeout: a half-open probe may take as long as
+// the longest timeout of the targets sharing its breaker, far past
+// max_open, and nobody else is let through meanwhile; a target without a
+// timeout leaves the probe unbounded.
+func TestProbeLeaseFollowsTheTimeout(t *testing.T) {
+	cases := []struct {
+		bTimeout string
+		second   time.Duration // when a second probe is first let through; 0: never
+	}{
+		{"5s", 31 * time.Second},
+		{"45s", 46 * time.Second},
+		{"0s", 0},
+	}
+	for _, tc := range cases {
+		t.Run("b timeout "+tc.bTimeout, func(t *testing.T) {
+			clk := clock.NewFake(time.Date(2026, 1, 5, 12, 0, 0, 0, time.UTC))
+			g := New(clk, nil, window.NewMemory(clk))
+			c := g.Apply(mustParse(t, fmt.Sprintf(leasePol, tc.bTimeout)))
+			b := c.Targets["a"].Breaker
+			tk, _, _ := b.Allow()
+			tk.Done(breaker.Failure)
+			clk.Advance(time.Second)
+			if _, _, ok := b.Allow(); !ok {
+				t.Fatal("no probe after open")
+			}
+			limit := tc.second
+			if limit == 0 {
+				limit = time.Hour
+			}
+			for elapsed := time.Duration(0); elapsed < limit; elapsed += time.Second {
+				if _, _, ok := b.Allow(); ok {
+					t.Fatalf("a second probe was let through %v after the first", elapsed)
+				}
+				clk.Advance(time.Second)
+			}
+			if _, _, ok := b.Allow(); ok != (tc.second != 0) {
+				t.Fatalf("at %v a second probe let through: %v, want %v", limit, ok, tc.second != 0)
+			}
+		})
+	}
+}
+

@@ -164,6 +164,9 @@ type Breaker struct {
 	cur       atomic.Int64 // cached current epoch in coarse mode; -1 when it must be re-read
 	openUntil atomic.Int64 // ns since origin; valid while open
 	probeAt   atomic.Int64 // ns since origin the current probe was admitted
+	// probeLease is how long a probe may be out before it is presumed lost
+	// (ns; 0: until it reports). See SetProbeLease.
+	probeLease atomic.Int64
 
 	mu      sync.Mutex    // serialises transitions
 	rotMu   sync.Mutex    // serialises bucket rotation (taken inside mu when clearing)
@@ -308,12 +311,13 @@ func (b *Breaker) allowSlow() (Ticket, time.Duration, bool) {
 				return Ticket{}, time.Duration(until - now), false
 			}
 		case phProbing:
-			// A probe whose ticket is never completed (a panic between Allow
-			// and Done) would otherwise hold the breaker half-open forever;
-			// after max_open it is presumed lost and its result will be
-			// ignored as stale.
+			// The probe is out: everyone else fails fast until it reports,
+			// or, past its lease, it is presumed lost (a ticket never
+			// completed would otherwise hold the breaker half-open forever)
+			// and its late result is ignored as stale.
 			now = b.now()
-			if now-b.probeAt.Load() < int64(b.maxOpen) {
+			lease := b.probeLease.Load()
+			if lease == 0 || now-b.probeAt.Load() < lease {
 				return Ticket{}, halfOpenRetryAfter, false
 			}
 		case phIdle:
@@ -334,6 +338,17 @@ func (b *Breaker) allowSlow() (Ticket, time.Duration, bool) {
 		}
 		b.mu.Unlock()
 		// Someone else moved the state; decide again on the new one.
+	}
+}
+
+// SetProbeLease bounds how long a half-open probe may be out before the
+// breaker presumes it lost and admits another: the longest a request
+// through the breaker can legitimately take (its targets' timeout), so a
+// slow probe is never mistaken for a lost one. 0 means no bound: the
+// breaker waits for the probe's result however long it takes.
+func (b *Breaker) SetProbeLease(d time.Duration) {
+	if b != nil {
+		b.probeLease.Store(int64(max(d, 0)))
 	}
 }
 

@@ -339,25 +339,48 @@ func TestStaleTicketsIgnored(t *testing.T) {
 	want(Closed)(h)
 }
 
-// TestLostProbeLease: a probe whose Done never comes is presumed lost after
-// max_open so the breaker cannot stay half-open forever; its late result is
-// then stale.
-func TestLostProbeLease(t *testing.T) {
-	clk := clock.NewFake(time.Unix(1_700_000_000, 0))
-	b := New("stripe", defaults, clk)
-	h := &harness{t: t, b: b, advance: clk.Advance}
-	trip(h)
-	wait(5 * time.Second)(h)
-	lost, _, ok := b.Allow()
-	if !ok {
-		t.Fatal("probe refused")
+// TestProbeLease: a probe out longer than its lease is presumed lost, so a
+// ticket never completed cannot hold the breaker half-open forever, and its
+// late result is then stale. Within the lease, however long (past max_open,
+// as a probe under a long target timeout is), and with no lease at all,
+// nobody else gets through.
+func TestProbeLease(t *testing.T) {
+	cases := []struct {
+		name  string
+		lease time.Duration
+		out   time.Duration // how long the first probe stays out
+		lost  bool
+	}{
+		{"past its lease", 11 * time.Second, 11 * time.Second, true},
+		{"within a lease longer than max_open", 2 * time.Minute, 119 * time.Second, false},
+		{"no lease", 0, time.Hour, false},
 	}
-	wait(59 * time.Second)(h)
-	refused(halfOpenRetryAfter)(h)
-	wait(time.Second)(h)
-	probe(Success)(h)
-	lost.Done(Failure)
-	want(Closed)(h)
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			clk := clock.NewFake(time.Unix(1_700_000_000, 0))
+			b := New("stripe", defaults, clk)
+			b.SetProbeLease(tc.lease)
+			h := &harness{t: t, b: b, advance: clk.Advance}
+			trip(h)
+			wait(5 * time.Second)(h)
+			first, _, ok := b.Allow()
+			if !ok {
+				t.Fatal("probe refused")
+			}
+			wait(tc.out - time.Second)(h)
+			refused(halfOpenRetryAfter)(h)
+			wait(time.Second)(h)
+			if !tc.lost {
+				refused(halfOpenRetryAfter)(h)
+				first.Done(Success)
+				want(Closed)(h)
+				return
+			}
+			probe(Success)(h)
+			first.Done(Failure)
+			want(Closed)(h)
+		})
+	}
 }
 
 func TestOnStateChange(t *testing.T) {
