@@ -3,6 +3,8 @@ package egress
 import (
 	"io"
 	"net"
+	"net/http"
+	"net/http/httptest"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -278,5 +280,42 @@ func TestClientGoneIsNeutral(t *testing.T) {
 	before := up.Requests.Load()
 	if r := f.do(t, "GET", "http://flaky.test/", nil); r.status != 503 || r.header.Get("X-Warden-Control") != "" || up.Requests.Load() != before+1 {
 		t.Fatalf("the breaker counted failures no client waited for: %+v", r)
+	}
+}
+
+// TestStreamedBodyCutByTimeoutIsAFailure: a 200 whose streamed body the
+// target's timeout cuts is a breaker failure and a timeout rejection, not
+// a success recorded when its head arrived.
+func TestStreamedBodyCutByTimeoutIsAFailure(t *testing.T) {
+	stop := make(chan struct{})
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		for range 20 {
+			w.Write([]byte(strings.Repeat("x", 100)))
+			w.(http.Flusher).Flush()
+			select {
+			case <-stop:
+				return
+			case <-time.After(50 * time.Millisecond):
+			}
+		}
+	}))
+	defer up.Close()
+	defer close(stop) // before Close, which waits for the handler
+	f := start(t, egressPolicy("  allow_unlisted: false", "targets:\n"+target("trickle", []string{"trickle.test"}, up.URL,
+		"timeout: 200ms\ncircuit_breaker: { enabled: true, minimum_requests: 1 }")), nil)
+	r, err := f.try("GET", "http://trickle.test/", nil)
+	if err == nil || r.status != 200 {
+		t.Fatalf("want a 200 whose body is cut, got %+v, %v", r, err)
+	}
+	b := f.gov.Current().Targets["trickle"].Breaker
+	deadline := time.Now().Add(5 * time.Second)
+	for b.Snapshot().Failures != 1 { // the body's end is recorded as the client sees it cut
+		if time.Now().After(deadline) {
+			t.Fatalf("breaker after a cut body: %+v", b.Snapshot())
+		}
+		time.Sleep(time.Millisecond)
+	}
+	if n := fasttest.Value(f.gov.Metrics.Rejections.WithLabelValues("timeout", "trickle")); n != 1 {
+		t.Fatalf("rejections{timeout,trickle} = %v", n)
 	}
 }

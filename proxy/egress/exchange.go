@@ -42,6 +42,9 @@ type exchange struct {
 	req   connpool.Request
 	start time.Time
 	code  int
+	// streaming is the breaker ticket of a success whose body is still
+	// being streamed: its outcome is known only when the body ends.
+	streaming breaker.Ticket
 }
 
 var exchanges = sync.Pool{New: func() any { return new(exchange) }}
@@ -52,8 +55,26 @@ func getExchange(e *Egress, r *route, start time.Time) *exchange {
 	return x
 }
 
-// Finish ends a streamed response (connpool.Finisher).
-func (x *exchange) Finish(error) { x.done() }
+// Finish ends a streamed response (connpool.Finisher). A body the upstream
+// broke off, or that the timeout cut, makes the exchange a failure however
+// its status began; one the client stopped reading says nothing of the
+// upstream.
+func (x *exchange) Finish(err error) {
+	outcome := breaker.Success
+	if err != nil {
+		outcome = breaker.Neutral
+		switch connpool.KindOf(err) {
+		case connpool.KindTimeout:
+			outcome = breaker.Failure
+			x.r.Stats.Reject(respond.ControlTimeout, x.r.Name)
+		case connpool.KindUpstream:
+			outcome = breaker.Failure
+			x.r.Stats.Reject(respond.ControlUpstream, x.r.Name)
+		}
+	}
+	x.streaming.Done(outcome)
+	x.done()
+}
 
 // done releases what the request held and records it.
 func (x *exchange) done() {
@@ -123,12 +144,16 @@ func (e *Egress) exchange(ctx *fasthttp.RequestCtx, x *exchange, pool *connpool.
 			}
 			outcome := blame(ctx, breaker.Failure)
 			ticket.Done(outcome)
-			x.code = respond.Upstream(ctx, r.Name, err)
 			_, control := respond.UpstreamStatus(err)
 			if retryable && control != respond.ControlTimeout && outcome == breaker.Failure {
-				ticket, again = e.retry(ctx, x, attempt, err.Error())
+				var refused string
+				ticket, again, refused = e.retry(ctx, x, attempt, err.Error())
+				if refused != "" {
+					control = refused
+				}
 			}
 			if !again {
+				x.code = respond.UpstreamAs(ctx, r.Name, err, control)
 				r.Stats.Reject(control, r.Name)
 				x.done()
 				return
@@ -136,11 +161,20 @@ func (e *Egress) exchange(ctx *fasthttp.RequestCtx, x *exchange, pool *connpool.
 		} else {
 			status := ctx.Response.StatusCode()
 			outcome := blame(ctx, breaker.ClassifyHTTP(status))
-			ticket.Done(outcome)
+			if streamed && outcome == breaker.Success {
+				x.streaming = ticket
+			} else {
+				ticket.Done(outcome)
+			}
 			httpwire.StripResponse(&ctx.Response.Header)
 			x.code = status
 			if outcome == breaker.Failure && retryable && !streamed {
-				ticket, again = e.retry(ctx, x, attempt, failureReason(&ctx.Response))
+				var refused string
+				ticket, again, refused = e.retry(ctx, x, attempt, failureReason(&ctx.Response))
+				if refused != "" {
+					respond.MarkControl(&ctx.Response.Header, refused)
+					r.Stats.Reject(refused, r.Name)
+				}
 			}
 			if !again {
 				if !streamed {
@@ -190,25 +224,24 @@ func sendsIdempotencyKey(h *fasthttp.RequestHeader, f httpwire.Fields) bool {
 // retry decides whether to retry after failed attempt number attempt
 // (1-based), waits the policy's delay on the clock, and passes the breaker
 // again, returning the retry's ticket. Until it returns true the response
-// holds the failure, which is what the client gets when there is no retry:
-// a retry refused by the budget marks it with x-warden-control:
-// retry_budget, and a breaker that opened meanwhile ends the retries with
-// it.
-func (e *Egress) retry(ctx *fasthttp.RequestCtx, x *exchange, attempt int, reason string) (breaker.Ticket, bool) {
+// holds the failure, which is what the client gets when there is no retry.
+// refused names the control that stopped the retries when the client must
+// be told (retry_budget: the budget is spent); a breaker that opened
+// meanwhile ends them too, but the failure stands for itself.
+func (e *Egress) retry(ctx *fasthttp.RequestCtx, x *exchange, attempt int, reason string) (ticket breaker.Ticket, again bool, refused string) {
 	r := x.r
 	// Checked before ShouldRetry, which charges the budget with a retry
 	// that must then be made.
 	d := r.Retry.Delay(attempt, nil)
 	if !x.req.Deadline.IsZero() && time.Until(x.req.Deadline) <= d {
-		return breaker.Ticket{}, false // the retry could not finish within the timeout
+		return breaker.Ticket{}, false, "" // the retry could not finish within the timeout
 	}
 	ok, control := r.Retry.ShouldRetry(attempt, reason)
 	if !ok {
 		if control == retry.ControlBudget {
-			respond.MarkControl(&ctx.Response.Header, control)
-			r.Stats.Reject(control, r.Name)
+			return breaker.Ticket{}, false, control
 		}
-		return breaker.Ticket{}, false
+		return breaker.Ticket{}, false, ""
 	}
 	if d > 0 {
 		t := e.opts.Clock.NewTimer(d)
@@ -216,19 +249,19 @@ func (e *Egress) retry(ctx *fasthttp.RequestCtx, x *exchange, attempt int, reaso
 		select {
 		case <-t.C():
 		case <-ctx.Done():
-			return breaker.Ticket{}, false // shutting down
+			return breaker.Ticket{}, false, "" // shutting down
 		}
 	}
-	ticket, _, ok := r.Breaker.Allow()
+	ticket, _, ok = r.Breaker.Allow()
 	if !ok {
-		return breaker.Ticket{}, false
+		return breaker.Ticket{}, false, ""
 	}
 	r.Stats.Retry()
 	ctx.Response.Reset()
 	// Reset turns fasthttp's default Content-Type back on; the next
 	// answer must go to the client as the upstream sent it.
 	ctx.Response.Header.SetNoDefaultContentType(true)
-	return ticket, true
+	return ticket, true, ""
 }
 
 // failureReason is what non_retryable entries are matched against: the

@@ -284,3 +284,36 @@ func TestRetryAddsNoContentType(t *testing.T) {
 		t.Fatalf("Content-Type %q added to a response that had none", ct)
 	}
 }
+
+// TestRetryBudgetSpentOnConnectionError: a connection failure whose retry
+// the spent budget refuses names retry_budget in its header and its body,
+// and is counted once, under that control.
+func TestRetryBudgetSpentOnConnectionError(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dead := ln.Addr().String()
+	ln.Close()
+	f := start(t, egressPolicy("  allow_unlisted: false", "targets:\n"+target("dead", []string{"dead.test"}, "http://"+dead,
+		"retry: { count: 1, logic: fixed, delay: 0s, jitter: 0, budget: 0 }")), nil)
+	for range 10 { // 20 executions: the budget applies from here
+		if r := f.do(t, "GET", "http://dead.test/", nil); r.status != 502 {
+			t.Fatal(r)
+		}
+	}
+	rej := func(control string) float64 {
+		return fasttest.Value(f.gov.Metrics.Rejections.WithLabelValues(control, "dead"))
+	}
+	upstreamBefore, budgetBefore := rej("upstream"), rej("retry_budget")
+	r := f.do(t, "GET", "http://dead.test/", nil)
+	if r.status != 502 || r.header.Get("X-Warden-Control") != "retry_budget" || !strings.Contains(r.body, `"control":"retry_budget","target":"dead"`) {
+		t.Fatalf("spent budget: %+v", r)
+	}
+	if d := rej("retry_budget") - budgetBefore; d != 1 {
+		t.Fatalf("rejections{retry_budget} rose by %v, want 1", d)
+	}
+	if d := rej("upstream") - upstreamBefore; d != 0 {
+		t.Fatalf("rejections{upstream} rose by %v for a request refused by the budget", d)
+	}
+}

@@ -122,7 +122,15 @@ func UpstreamStatus(err error) (int, string) {
 // {"control":"upstream","target":"worker","error":"dial 127.0.0.1:9000: connection refused"}.
 // It returns the status written.
 func Upstream(ctx *fasthttp.RequestCtx, target string, err error) int {
-	status, control := UpstreamStatus(err)
+	_, control := UpstreamStatus(err)
+	return UpstreamAs(ctx, target, err, control)
+}
+
+// UpstreamAs is Upstream naming control as the cause: the failure is the
+// upstream's, but what ended the request was another control (a spent
+// retry budget).
+func UpstreamAs(ctx *fasthttp.RequestCtx, target string, err error, control string) int {
+	status, _ := UpstreamStatus(err)
 	begin(ctx, status, control)
 	body := append(make([]byte, 0, 160), `{"control":`...)
 	body = jsonstr.Append(body, control)
