@@ -48,8 +48,22 @@ func New(clk clock.Clock, m *metrics.Metrics, counter window.Counter) *Governor 
 		// leaves open lazily, at its next call, which a scrape must not
 		// wait for to show it half-open.
 		m.OnGather(g.refreshBreakerGauges)
+		// warden_pool_window_count too: a window ends, and a refund gives
+		// a slot back, without any admission to set the gauge.
+		m.OnGather(g.refreshPoolCounts)
 	}
 	return g
+}
+
+// refreshPoolCounts sets each pool's warden_pool_window_count to the count
+// of its current window, under the lock Apply holds, like
+// refreshBreakerGauges.
+func (g *Governor) refreshPoolCounts() {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if c := g.cur.Load(); c != nil && c.Pools != nil {
+		c.Pools.RefreshCounts()
+	}
 }
 
 // refreshBreakerGauges sets each target's warden_breaker_state to its

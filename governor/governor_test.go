@@ -10,6 +10,7 @@ import (
 	"github.com/warden-dev/warden/governor/breaker"
 	"github.com/warden-dev/warden/governor/clock"
 	"github.com/warden-dev/warden/governor/metrics"
+	"github.com/warden-dev/warden/governor/pool"
 	"github.com/warden-dev/warden/governor/window"
 	"github.com/warden-dev/warden/policy"
 )
@@ -227,3 +228,42 @@ func TestProbeLeaseFollowsTheTimeout(t *testing.T) {
 	}
 }
 
+// TestPoolCountGaugeFollowsTheWindow: warden_pool_window_count, as
+// scraped, is the current window's count: 0 once the window has ended, and
+// one less after a refund, though no admission has set it since.
+func TestPoolCountGaugeFollowsTheWindow(t *testing.T) {
+	clk := clock.NewFake(time.Date(2026, 1, 5, 12, 0, 0, 0, time.UTC))
+	m := metrics.New()
+	g := New(clk, m, window.NewMemory(clk))
+	c := g.Apply(mustParse(t, "version: 1\npools:\n  g: { rate: 3, window: 1 }\n"))
+	p := c.Pools.Get("g")
+	gauge := func() float64 {
+		if _, err := m.Gather(); err != nil { // as a scrape does
+			t.Fatal(err)
+		}
+		var d dto.Metric
+		if err := m.PoolWindowCount.WithLabelValues("g").Write(&d); err != nil {
+			t.Fatal(err)
+		}
+		return d.GetGauge().GetValue()
+	}
+	var last pool.Lease
+	for range 3 {
+		l, _, ok := p.TryAcquire(clk.Now())
+		if !ok {
+			t.Fatal("refused within the rate")
+		}
+		last = l
+	}
+	if got := gauge(); got != 3 {
+		t.Fatalf("after 3 admissions the gauge reads %v", got)
+	}
+	last.Refund()
+	if got := gauge(); got != 2 {
+		t.Fatalf("after a refund the gauge reads %v, want 2", got)
+	}
+	clk.Advance(2 * time.Second)
+	if got := gauge(); got != 0 {
+		t.Fatalf("after the window ended the gauge reads %v, want 0", got)
+	}
+}

@@ -186,16 +186,25 @@ func (p *Pool) Acquire(ctx context.Context, priority int, now time.Time) (Lease,
 		return p.acquireShared(ctx, priority, now)
 	}
 	p.mu.Lock()
+	var control string
 	if len(p.waiters) == 0 {
-		l, control, ok := p.tryLocked(now)
+		l, c, ok := p.tryLocked(now)
 		if ok {
 			p.mu.Unlock()
 			return l, nil
 		}
-		if control == ControlUpstream {
+		if c == ControlUpstream {
 			p.mu.Unlock()
 			return Lease{}, p.upstreamDown()
 		}
+		control = c
+	}
+	if p.noWaitLocked() {
+		if control == "" {
+			_, control, _ = p.blockedLocked(now)
+		}
+		p.mu.Unlock()
+		return Lease{}, p.waitedZero(control, now)
 	}
 	w := p.enqueueLocked(priority)
 	if w == nil {
@@ -205,6 +214,20 @@ func (p *Pool) Acquire(ctx context.Context, priority int, now time.Time) (Lease,
 	p.armLocked(now)
 	p.mu.Unlock()
 	return p.wait(ctx, w, now)
+}
+
+// noWaitLocked reports a pool with a queue but max_wait 0s: a caller
+// without room waits at most 0s, that is, not at all, and is refused by the
+// gate that blocked it, as after any other max_wait.
+func (p *Pool) noWaitLocked() bool { return p.cfg.Queue > 0 && p.cfg.MaxWait <= 0 }
+
+// waitedZero is the refusal of a caller of a no-wait pool, blocked by
+// control; p.mu must not be held.
+func (p *Pool) waitedZero(control string, now time.Time) error {
+	if control == "" {
+		control = ControlQueue
+	}
+	return &Rejection{Pool: p.id, Control: control, RetryAfter: p.retryAfter(now)}
 }
 
 // upstreamDown is the refusal while the shared backend is down and
@@ -219,6 +242,11 @@ func (p *Pool) enqueueLocked(priority int) *waiter {
 		return nil
 	}
 	w := &waiter{priority: priority, seq: p.seq, ready: make(chan struct{})}
+	if p.cfg.MaxWait > 0 {
+		// Armed as the waiter joins, under the same lock: a clock moved
+		// by anyone who can see the waiter queued counts against it.
+		w.timeout = p.clk.NewTimer(p.cfg.MaxWait)
+	}
 	p.seq++
 	heap.Push(&p.waiters, w)
 	p.setQueued()
@@ -234,10 +262,9 @@ func (p *Pool) queueFull(now time.Time) error {
 // wait blocks until w is granted, max_wait passes or ctx ends.
 func (p *Pool) wait(ctx context.Context, w *waiter, now time.Time) (Lease, error) {
 	var timeout <-chan time.Time
-	if p.cfg.MaxWait > 0 {
-		t := p.clk.NewTimer(p.cfg.MaxWait)
-		defer t.Stop()
-		timeout = t.C()
+	if w.timeout != nil {
+		defer w.timeout.Stop()
+		timeout = w.timeout.C()
 	}
 	var cancelled error
 	select {
@@ -487,6 +514,20 @@ func (p *Pool) Reset() {
 	p.dispatch()
 }
 
+// refreshCount sets the window-count gauge from the counter; a counter
+// that cannot say (the shared backend down) leaves it as it was.
+func (p *Pool) refreshCount() {
+	p.mu.Lock()
+	rate, scope := p.cfg.Rate, p.scope
+	p.mu.Unlock()
+	if p.gCount == nil || rate <= 0 {
+		return
+	}
+	if d := p.counter.Peek(scope, p.key, int64(rate)); !d.Unavailable {
+		p.gCount.Set(float64(d.Count))
+	}
+}
+
 func (p *Pool) update(cfg policy.Pool) {
 	p.mu.Lock()
 	if cfg.Window != p.cfg.Window {
@@ -546,6 +587,7 @@ type waiter struct {
 	seq      uint64
 	index    int
 	ready    chan struct{}
+	timeout  clock.Timer // max_wait; nil: none
 	granted  bool
 	lease    Lease
 }

@@ -242,6 +242,37 @@ func TestMaxWaitNamesTheBlockingGate(t *testing.T) {
 	})
 }
 
+// TestZeroMaxWaitDoesNotWait: max_wait 0s with a queue is a wait of at
+// most nothing: refused at once by the gate that blocked, nobody queued.
+func TestZeroMaxWaitDoesNotWait(t *testing.T) {
+	eachBackend(t, func(t *testing.T, newSet func(clk *clock.Fake, pools ...policy.Pool) *Set) {
+		tests := []struct {
+			name    string
+			cfg     policy.Pool
+			control string
+		}{
+			{"rate", policy.Pool{Name: "p", Rate: 1, Window: 3600, Queue: 5}, ControlRate},
+			{"concurrency", policy.Pool{Name: "p", Concurrency: 1, Queue: 5}, ControlConcurrency},
+		}
+		for _, tc := range tests {
+			t.Run(tc.name, func(t *testing.T) {
+				clk := clock.NewFake(t0)
+				p := newSet(clk, tc.cfg).Get("p")
+				if _, err := p.Acquire(context.Background(), 0, clk.Now()); err != nil {
+					t.Fatal(err)
+				}
+				_, err := p.Acquire(context.Background(), 0, clk.Now())
+				if r := rejection(t, err); r.Control != tc.control || r.Waited != 0 {
+					t.Fatalf("got %s after %v, want %s at once", r.Control, r.Waited, tc.control)
+				}
+				if q := p.Snapshot(clk.Now()).Queued; q != 0 {
+					t.Fatalf("%d queued", q)
+				}
+			})
+		}
+	})
+}
+
 func TestQueueFull(t *testing.T) {
 	eachBackend(t, func(t *testing.T, newSet func(clk *clock.Fake, pools ...policy.Pool) *Set) {
 		clk := clock.NewFake(t0)

@@ -75,6 +75,14 @@ func (s *Set) Snapshots(now time.Time) []Snapshot {
 	return out
 }
 
+// RefreshCounts sets every pool's warden_pool_window_count to its current
+// window's count.
+func (s *Set) RefreshCounts() {
+	for _, id := range s.ids {
+		s.byID[id].refreshCount()
+	}
+}
+
 // ResetAll restores every pool's full rate allowance.
 func (s *Set) ResetAll() {
 	for _, id := range s.ids {

@@ -158,6 +158,11 @@ func (p *Pool) acquireShared(ctx context.Context, priority int, now time.Time) (
 		p.mu.Lock()
 		p.sh.blocked, tried = control, true
 	}
+	if p.noWaitLocked() {
+		control := p.sharedControlLocked()
+		p.mu.Unlock()
+		return Lease{}, p.waitedZero(control, now)
+	}
 	w := p.enqueueLocked(priority)
 	if w == nil {
 		p.mu.Unlock()
