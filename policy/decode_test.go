@@ -139,6 +139,7 @@ var errorCases = []struct {
 	{"duplicate pool key", "version: 1\npools:\n  p: {concurrency: 1}\n  p: {concurrency: 2}\n", `4:3: duplicate key "p" in pools (first at line 3)`, 0},
 	{"undefined target pool", "version: 1\npools:\n  stripe: {concurrency: 1}\ntargets:\n  - {name: a, hosts: [a], pools: [strip]}\n", `5:35: targets[0].pools[0]: undefined pool "strip" (did you mean "stripe"?)`, 0},
 	{"pool listed twice", "version: 1\npools:\n  p: {concurrency: 1}\ntargets:\n  - {name: a, hosts: [a], pools: [p, p]}\n", `5:38: targets[0].pools[1]: pool "p" is listed twice`, 0},
+	{"cap_key members listed together", "version: 1\npools:\n  p: {concurrency: 1, cap_key: k}\n  q: {concurrency: 1, cap_key: k}\ntargets:\n  - {name: a, hosts: [a], pools: [p, q]}\n", `6:38: targets[0].pools[1]: pools "p" and "q" share cap_key "k", so they are one pool: list one of them`, 0},
 	{"undefined definition pool", "version: 1\ningress: {listen: ':1', worker: 'http://w'}\nscheduler:\n  definitions:\n    sync: {pool: nope}\n", `5:18: scheduler.definitions.sync.pool: undefined pool "nope"`, 0},
 	{"undefined semaphore", "version: 1\ningress: {listen: ':1', worker: 'http://w'}\nscheduler:\n  semaphores: {erp: 1}\n  definitions:\n    sync: {semaphores: [erp, crm]}\n", `6:30: scheduler.definitions.sync.semaphores[1]: undefined semaphore "crm"`, 0},
 	{"scheduler without ingress", "version: 1\nscheduler: {lanes: 2}\n", "2:1: scheduler: needs the ingress section", 0},

@@ -142,20 +142,31 @@ func (v *validator) targets() {
 	}
 }
 
-// poolRefs checks a list of pool names. Listing a pool twice would make a
-// request take two slots of it.
+// poolRefs checks a list of pool names. Listing a pool twice, or two
+// pools sharing a cap_key (which are one pool), would make a request take
+// two slots of it.
 func (v *validator) poolRefs(path string, refs []string) {
-	seen := map[string]bool{}
+	seen := map[string]string{} // pool ID → the name that listed it
 	for j, name := range refs {
 		rp := index(path, j)
 		if !v.d.ok(rp) {
 			continue
 		}
-		if seen[name] {
+		if _, dup := seen[name]; dup {
 			v.fail(rp, "pool %q is listed twice", name)
 			continue
 		}
-		seen[name] = true
+		id := name
+		for _, pl := range v.p.Pools {
+			if pl.Name == name {
+				id = pl.ID()
+			}
+		}
+		if first, dup := seen[id]; dup {
+			v.fail(rp, "pools %q and %q share cap_key %q, so they are one pool: list one of them", first, name, strings.TrimPrefix(id, "cap:"))
+			continue
+		}
+		seen[name], seen[id] = name, name
 		v.poolRef(rp, name)
 	}
 }
