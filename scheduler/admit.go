@@ -77,7 +77,7 @@ func (a *active) getPhase() phase {
 // outside the lock.
 func (s *Scheduler) admitLocked(now time.Time) []*active {
 	cfg := s.cfgPtr.Load()
-	if cfg == nil || s.draining || s.closed || s.shared != nil {
+	if cfg == nil || s.draining || s.closed || s.recovering || s.shared != nil {
 		return nil // a shared store admits through claims (shared.go)
 	}
 	if s.rg != nil {

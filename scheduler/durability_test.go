@@ -196,3 +196,79 @@ func TestTenantCapAppliesToRunsRequests(t *testing.T) {
 		}
 	}
 }
+
+// TestRestartAdmitsOnlyAfterRecovery: a restart that refunds an
+// interrupted start's rate slot must not admit anything before the runs
+// that were running hold their lanes again and the interrupted run is back
+// in the queue in its place. With lanes 2, the running run and the
+// interrupted one (the oldest waiting) take the lanes; of the newer runs
+// only one gets in once the interrupted run completes.
+func TestRestartAdmitsOnlyAfterRecovery(t *testing.T) {
+	dir := t.TempDir()
+	g := newGates()
+	w := newWorker(t, func(d delivery) (int, string) {
+		if strings.Contains(d.body, "pooled") {
+			if d.attempt == "1" {
+				g.wait(d.id)
+			}
+			return 200, "{}"
+		}
+		return 202, ""
+	}, g)
+	yaml := policyYAML(w.srv.URL, `
+  lanes: 2
+  definitions:
+    plain: {}
+    pooled: { pool: p }`, "pools:\n  p: { rate: 100, window: 60 }\n")
+	h := newHarness(t, yaml, withDataDir(dir), withFakeClock())
+	a := h.submit(`{"name":"plain"}`)
+	h.waitStatus(a.ID, "RUNNING")
+	b := h.submit(`{"name":"pooled","input":"pooled"}`)
+	w.next(t)
+	w.next(t)
+	c := h.submit(`{"name":"plain"}`)
+	d := h.submit(`{"name":"plain"}`)
+	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	_ = h.sched.Shutdown(ctx)
+	cancel()
+	g.release(b.ID)
+
+	h2 := newHarness(t, yaml, withDataDir(dir), withGovernor(h.gov, h.fake))
+	h2.waitStatus(b.ID, "COMPLETED")
+	h2.waitStatus(c.ID, "RUNNING")
+	if v := h2.get(d.ID); v.Status != "QUEUED" || deref(v.Control) != "lanes" {
+		t.Fatalf("newest run %s/%s, want QUEUED behind lanes: %s and %s hold them", v.Status, deref(v.Control), a.ID, c.ID)
+	}
+}
+
+// TestRestartKeepsSemaphoreWithinPermits: a running run whose permit lease
+// expired lost its permit to a later run; a restart must not give it back,
+// so the semaphore never shows more holders than permits.
+func TestRestartKeepsSemaphoreWithinPermits(t *testing.T) {
+	dir := t.TempDir()
+	w := newWorker(t, func(delivery) (int, string) { return 202, "" })
+	yaml := policyYAML(w.srv.URL, `
+  semaphores: { s: 1 }
+  definitions:
+    lease: { semaphores: [s] }`, "")
+	h := newHarness(t, yaml, withDataDir(dir), withFakeClock())
+	first := h.submit(`{"name":"lease"}`)
+	h.waitStatus(first.ID, "RUNNING")
+	second := h.submit(`{"name":"lease"}`)
+	if v := h.get(second.ID); v.Status != "QUEUED" {
+		t.Fatalf("second run %s, want QUEUED behind the semaphore", v.Status)
+	}
+	h.fake.Advance(permitLease + time.Second) // no heartbeat: the first run's lease ends
+	h.waitStatus(second.ID, "RUNNING")
+	h.shutdown()
+
+	h2 := newHarness(t, yaml, withDataDir(dir), withGovernor(h.gov, h.fake))
+	sems, _ := h2.sched.Semaphores().([]SemaphoreState)
+	if len(sems) != 1 || sems[0].Held > sems[0].Permits {
+		t.Fatalf("semaphores after restart: %+v", sems)
+	}
+	third := h2.submit(`{"name":"lease"}`)
+	if v := h2.get(third.ID); v.Status != "QUEUED" || deref(v.Control) != "semaphore" {
+		t.Fatalf("third run %s/%s, want QUEUED behind the semaphore", v.Status, deref(v.Control))
+	}
+}

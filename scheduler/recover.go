@@ -1,8 +1,10 @@
 package scheduler
 
 import (
+	"cmp"
 	"context"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/warden-dev/warden/governor"
@@ -93,11 +95,20 @@ func (s *Scheduler) recover(ctx context.Context, c *governor.Controls) error {
 		s.log.Info("run interrupted between admission and delivery returned to the queue",
 			"run", formatID(seq), "attempt", r.Attempt, "rate_slot_refunded", refunded)
 	}
+	// Newest admission first: when the runs outnumber a semaphore's
+	// permits, a permit lease expired before the restart (the sweeper
+	// gave it to a later run) and the oldest admissions are the ones that
+	// lost theirs.
+	resumed := make([]store.Run, 0, len(running))
 	for _, seq := range running {
 		r, err := s.st.Get(ctx, seq)
 		if err != nil {
 			return err
 		}
+		resumed = append(resumed, r)
+	}
+	slices.SortStableFunc(resumed, func(a, b store.Run) int { return cmp.Compare(b.StartedAt, a.StartedAt) })
+	for _, r := range resumed {
 		s.resume(r, now)
 	}
 	for _, w := range waits {
@@ -129,10 +140,17 @@ func (s *Scheduler) resume(r store.Run, now time.Time) {
 		admittedAt: r.StartedAt, phase: phaseAsync, heartbeatAt: now.UnixNano(), lease: lease}
 	if d != nil {
 		for _, name := range d.semaphores {
-			if sem := s.sems[name]; sem != nil {
-				sem.holders[a] = 0
-				a.sems = append(a.sems, name)
+			sem := s.sems[name]
+			if sem == nil {
+				continue
 			}
+			if len(sem.holders) >= sem.permits {
+				s.log.Warn("running run resumed without its semaphore permit: its lease expired before the restart and a later run holds it",
+					"semaphore", name, "run", formatID(r.Seq))
+				continue
+			}
+			sem.holders[a] = 0
+			a.sems = append(a.sems, name)
 		}
 		s.leaseSemaphores(a.sems, a, now.UnixNano()+int64(a.leaseTerm()))
 	}

@@ -82,18 +82,24 @@ type Scheduler struct {
 	client *http.Client
 	deliv  DeliverFunc
 
-	mu         sync.Mutex
-	st         store.Store
-	shared     *shared     // set when st is shared by several sidecars: admissions come from its claims
-	rg         *redisGates // set when lanes and semaphores are shared through Redis: admissions come from its passes
-	ownStore   bool
-	q          *queue
-	sems       map[string]*semaphore
-	active     map[uint64]*active     // admitted runs: STARTING or RUNNING
-	waits      map[uint64]clock.Timer // RETRY_WAIT runs and their timers
-	running    int
-	pass       uint64 // admission pass number (definition.skip)
-	draining   bool
+	mu       sync.Mutex
+	st       store.Store
+	shared   *shared     // set when st is shared by several sidecars: admissions come from its claims
+	rg       *redisGates // set when lanes and semaphores are shared through Redis: admissions come from its passes
+	ownStore bool
+	q        *queue
+	sems     map[string]*semaphore
+	active   map[uint64]*active     // admitted runs: STARTING or RUNNING
+	waits    map[uint64]clock.Timer // RETRY_WAIT runs and their timers
+	running  int
+	pass     uint64 // admission pass number (definition.skip)
+	draining bool
+	// recovering holds admission back while Start rebuilds the queue and
+	// the running set from the store: a run admitted before the runs that
+	// were running are counted would exceed lanes and keys, and one
+	// admitted before the interrupted runs are back in the queue would
+	// pass them.
+	recovering bool
 	closed     bool
 	started    bool
 	subscribed map[*pool.Pool]bool
@@ -233,6 +239,7 @@ func (s *Scheduler) start(ctx context.Context, c *governor.Controls, cfg *config
 	s.active = map[uint64]*active{}
 	s.waits = map[uint64]clock.Timer{}
 	s.running, s.draining, s.closed, s.started = 0, false, false, true
+	s.recovering = true
 	s.runCtx, s.cancelRuns = context.WithCancel(context.Background())
 	s.stopping.Store(false)
 	s.closeMu.Lock()
@@ -242,7 +249,11 @@ func (s *Scheduler) start(ctx context.Context, c *governor.Controls, cfg *config
 	s.reconfigureLocked(c, cfg)
 	s.mu.Unlock()
 	go s.loop()
-	if err := s.recover(ctx, c); err != nil {
+	err = s.recover(ctx, c)
+	s.mu.Lock()
+	s.recovering = false
+	s.mu.Unlock()
+	if err != nil {
 		sctx, cancel := context.WithTimeout(context.Background(), time.Second)
 		defer cancel()
 		_ = s.stop(sctx)
