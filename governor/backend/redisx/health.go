@@ -183,7 +183,11 @@ func isOutage(err error) bool {
 			return true
 		}
 		msg := rerr.Error()
-		for _, p := range []string{"LOADING", "READONLY", "MASTERDOWN", "BUSY", "CLUSTERDOWN", "TRYAGAIN", "NOREPLICAS", "MISCONF"} {
+		// A server refusing this client (a password set or changed while
+		// warden runs, an ACL that no longer allows the scripts) can no
+		// more decide than one that is down, and says so to every call.
+		for _, p := range []string{"LOADING", "READONLY", "MASTERDOWN", "BUSY", "CLUSTERDOWN", "TRYAGAIN", "NOREPLICAS", "MISCONF",
+			"NOAUTH", "WRONGPASS", "NOPERM", "ERR Protocol error"} {
 			if strings.HasPrefix(msg, p) {
 				return true
 			}

@@ -224,6 +224,10 @@ func TestIsOutage(t *testing.T) {
 		{io.EOF, true},
 		{proto("LOADING Redis is loading the dataset in memory"), true},
 		{proto("READONLY You can't write against a read only replica."), true},
+		{proto("NOAUTH Authentication required."), true},
+		{proto("WRONGPASS invalid username-password pair or user is disabled."), true},
+		{proto("NOPERM User default has no permissions to run the 'evalsha' command"), true},
+		{proto("ERR Protocol error: unauthenticated multibulk length"), true},
 		{proto("ERR Error running script: wrong number of arguments"), false},
 		{proto("WRONGTYPE Operation against a key holding the wrong kind of value"), false},
 	}
