@@ -460,3 +460,46 @@ func TestTryAcquireWithAllOrNothing(t *testing.T) {
 		t.Fatalf("after the releases: a=%d b=%d pool=%d; want 0", a, b, pl)
 	}
 }
+
+// An admission that timed out on the wire may still be applied by Redis
+// once the stall is over; its lease must not then hold the slot until it
+// expires: the pool takes it back (redisx.Client.Revoke).
+func TestTimedOutAdmissionLeavesNoLease(t *testing.T) {
+	url := testenv.RedisURL(t)
+	proxy := redistest.NewStallProxy(t, url)
+	r, err := window.NewRedis(window.RedisConfig{Config: redisx.Config{URL: proxy.URL,
+		DialTimeout: 5 * time.Second, ReadTimeout: 200 * time.Millisecond, WriteTimeout: 5 * time.Second},
+		Prefix: redistest.Prefix(t, url)}, clock.Real{}, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { r.Close() })
+	p := NewSet([]policy.Pool{{Name: "p", Concurrency: 1}}, r, clock.Real{}, nil).Get("p")
+	warm := mustTry(t, p, time.Now()) // connections dialled, scripts loaded
+	warm.Release()
+	p.Snapshot(time.Now())
+
+	proxy.Stall()
+	done := make(chan struct{})
+	go func() {
+		if l, _, ok := p.TryAcquire(time.Now()); ok {
+			l.Release() // the local fallback's slot, if it admitted there
+		}
+		close(done)
+	}()
+	<-proxy.Held()
+	<-done // the call timed out
+	proxy.Resume()
+	deadline := time.Now().Add(5 * time.Second) // a failure bound: the lease itself lasts 30s
+	for p.Snapshot(time.Now()).InFlight != 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("the timed-out admission's lease still holds the pool's slot")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if l, _, ok := p.TryAcquire(time.Now()); !ok {
+		t.Fatal("the pool's only slot is still taken")
+	} else {
+		l.Release()
+	}
+}

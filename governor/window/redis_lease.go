@@ -162,6 +162,15 @@ func (r *Redis) TakeLeasedWith(extra []LeaseWant, s *Scope, key []byte, rate, n 
 		op.AddWindow(ck, k.index, ck[len(k.base):], rate, n, time.Duration(cur.end-nowNs))
 	}
 	if err := st.cli.Admit(op); err != nil {
+		if holder != "" && !errors.Is(err, redisx.ErrUnavailable) && !errors.Is(err, redisx.ErrClosed) {
+			// Sent, and maybe applied later: take back what it took.
+			for _, w := range extra {
+				st.cli.Revoke(w.Set, holder)
+			}
+			if conc > 0 {
+				st.cli.Revoke(set, holder)
+			}
+		}
 		return Leased{}, errors.Join(ErrNotShared, err)
 	}
 	out.Admitted = op.Admitted()

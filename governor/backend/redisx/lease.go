@@ -105,6 +105,24 @@ func (c *Client) Release(key, holder string, done func()) {
 	c.mu.RUnlock()
 }
 
+// revokeAgain is when Revoke removes the lease again: after the stalls that
+// commonly delay a call past its timeout (a fork, a busy script, a paused
+// process), well within the lease's TTL.
+var revokeAgain = []time.Duration{time.Second, 5 * time.Second, 15 * time.Second}
+
+// Revoke removes a lease whose admission failed after it was sent: Redis
+// may still run it once the stall that made the call time out is over, and
+// the lease would then hold a slot nobody releases until it expires. The
+// removal is sent at once and again after each of revokeAgain, as it may
+// overtake the delayed admission on another connection; removing a lease
+// that is not there does nothing.
+func (c *Client) Revoke(key, holder string) {
+	c.Release(key, holder, nil)
+	for _, d := range revokeAgain {
+		time.AfterFunc(d, func() { c.Release(key, holder, nil) })
+	}
+}
+
 // Forget stops renewing the lease without removing it from its set: it
 // expires there after LeaseTTL. For a lease whose holder outlives this
 // process's interest in it (a run its worker still executes while the
