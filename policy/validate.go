@@ -115,7 +115,7 @@ func (v *validator) targets() {
 			if !v.d.ok(hp) {
 				continue
 			}
-			key := strings.ToLower(h)
+			key := hostKey(h)
 			if first, dup := hosts[key]; dup {
 				v.fail(hp, "host %q is already routed by %s (line %d)", h, first, v.d.line(first))
 				continue

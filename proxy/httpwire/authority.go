@@ -49,8 +49,10 @@ func DefaultPort(scheme []byte) string {
 }
 
 // AppendHostPort appends the normalised form of an authority (host[:port])
-// to dst: host in lower case, IPv6 literals kept in brackets, and
-// defaultPort filled in when the authority has none. It returns the
+// to dst: host in lower case, IPv6 literals in brackets and in their
+// canonical spelling, the port without leading zeros, and defaultPort
+// filled in when the authority has none. Two spellings of one host and
+// port ("h:080", "[0:0::1]") thus name the same target. It returns the
 // extended dst and the length of the host part within the appended bytes.
 // ok is false for anything that is not a plain host (a user-info part, an
 // empty host, bad characters, a port that is not 1-65535).
@@ -62,11 +64,11 @@ func AppendHostPort(dst, authority []byte, defaultPort string) (out []byte, host
 		if end < 0 {
 			return dst, 0, false
 		}
-		if a, err := netip.ParseAddr(string(host[1:end])); err != nil || !a.Is6() || a.Zone() != "" {
+		a, err := netip.ParseAddr(string(host[1:end]))
+		if err != nil || !a.Is6() || a.Zone() != "" {
 			return dst, 0, false
 		}
 		rest := host[end+1:]
-		host = host[:end+1]
 		if len(rest) > 0 {
 			if rest[0] != ':' {
 				return dst, 0, false
@@ -76,7 +78,9 @@ func AppendHostPort(dst, authority []byte, defaultPort string) (out []byte, host
 				return dst, 0, false
 			}
 		}
-		dst = appendLower(dst, host)
+		dst = append(dst, '[')
+		dst = a.AppendTo(dst)
+		dst = append(dst, ']')
 	} else {
 		if i := bytes.LastIndexByte(host, ':'); i >= 0 {
 			host, port = host[:i], host[i+1:]
@@ -97,6 +101,9 @@ func AppendHostPort(dst, authority []byte, defaultPort string) (out []byte, host
 	hostLen = len(dst) - start
 	if port == nil {
 		port = []byte(defaultPort)
+	}
+	for len(port) > 1 && port[0] == '0' {
+		port = port[1:]
 	}
 	if !validPort(port) {
 		return dst[:start], 0, false

@@ -44,6 +44,11 @@ func TestAppendHostPort(t *testing.T) {
 		{"127.0.0.1:9000", true, "127.0.0.1:9000", "127.0.0.1"},
 		{"[::1]:9000", true, "[::1]:9000", "[::1]"},
 		{"[::1]", true, "[::1]:80", "[::1]"},
+		{"[0:0::1]:080", true, "[::1]:80", "[::1]"},
+		{"[2001:DB8::1]", true, "[2001:db8::1]:80", "[2001:db8::1]"},
+		{"h.test:080", true, "h.test:80", "h.test"},
+		{"h.test:0000080", true, "h.test:80", "h.test"},
+		{"h.test:00", false, "", ""},
 		{"svc_name.internal", true, "svc_name.internal:80", "svc_name.internal"},
 		{"user@host", false, "", ""},
 		{"host:", false, "", ""},
@@ -178,6 +183,8 @@ func TestHostKey(t *testing.T) {
 		"api.stripe.com:8443": "api.stripe.com:8443",
 		"[::1]:7":             "[::1]:7",
 		"::1":                 "[::1]",
+		"[0:0::1]:0080":       "[::1]:80",
+		"H.test:080":          "h.test:80",
 		"10.0.0.1":            "10.0.0.1",
 	} {
 		if got, err := HostKey(entry); err != nil || got != want {
