@@ -1,11 +1,13 @@
 package grpcegress
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
 	"io"
 	"net"
+	"net/http"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -671,5 +673,80 @@ func TestBackendDownIsResourceExhausted(t *testing.T) {
 	if st.Code() != codes.ResourceExhausted || strings.Join(trailer.Get("x-warden-control"), ",") != "upstream" ||
 		!strings.Contains(st.Message(), "backend unreachable") || strings.Contains(st.Message(), "reached") {
 		t.Fatalf("backend down: %v, trailer %v", err, trailer)
+	}
+}
+
+// TestOwnDeadlineIsNeutral: a call whose own deadline (grpc-timeout) has
+// passed when the upstream breaks off the stream is neutral: the upstream,
+// told that deadline, resets the stream, and its reset may reach warden
+// before the client's cancel does. The client here never cancels, so the
+// reset always comes first.
+func TestOwnDeadlineIsNeutral(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := &http.Server{Protocols: new(http.Protocols), Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		d, _ := time.ParseDuration(strings.TrimSuffix(r.Header.Get("Grpc-Timeout"), "m") + "ms")
+		time.Sleep(d + 20*time.Millisecond) // past the deadline it was told
+		panic(http.ErrAbortHandler)         // RST_STREAM
+	})}
+	srv.Protocols.SetUnencryptedHTTP2(true)
+	go srv.Serve(ln)
+	defer srv.Close()
+	f := start(t, grpcPolicy("  allow_unlisted: false", echoTarget(ln.Addr().String(), "circuit_breaker: { enabled: true, failure_ratio: 0.5, minimum_requests: 1 }")))
+	var tr http.Transport
+	tr.Protocols = new(http.Protocols)
+	tr.Protocols.SetUnencryptedHTTP2(true)
+	defer tr.CloseIdleConnections()
+	req, err := http.NewRequest("POST", "http://"+f.g.Addr()+"/test.v1.Echo/Echo", bytes.NewReader(append([]byte{0, 0, 0, 0, 2}, "hi"...)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Content-Type", "application/grpc")
+	req.Header.Set("TE", "trailers")
+	req.Header.Set("Grpc-Timeout", "50m")
+	resp, err := tr.RoundTrip(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	if code := resp.Header.Get("Grpc-Status") + resp.Trailer.Get("Grpc-Status"); code != "4" {
+		t.Fatalf("grpc-status %q (%s), want 4", code, resp.Header.Get("Grpc-Message")+resp.Trailer.Get("Grpc-Message"))
+	}
+	snap := f.gov.Current().Targets["echo"].Breaker.Snapshot()
+	if snap.Requests != 0 || snap.State != "closed" {
+		t.Fatalf("a call past its own deadline counted: %+v", snap)
+	}
+	if n := fasttest.Value(f.gov.Metrics.Rejections.WithLabelValues("upstream", "echo")); n != 0 {
+		t.Fatalf("rejections{upstream,echo} = %v", n)
+	}
+}
+
+func TestDeadlinePassed(t *testing.T) {
+	start := time.Unix(1000, 0)
+	tests := []struct {
+		header  string
+		elapsed time.Duration
+		want    bool
+	}{
+		{"", time.Hour, false},
+		{"100m", 99 * time.Millisecond, false},
+		{"100m", 100 * time.Millisecond, true},
+		{"1S", 2 * time.Second, true},
+		{"5M", time.Minute, false},
+		{"2H", 3 * time.Hour, true},
+		{"1000u", time.Millisecond, true},
+		{"999999999n", time.Hour, false}, // 9 digits: malformed
+		{"10x", time.Hour, false},
+		{"m", time.Hour, false},
+		{"-1S", time.Hour, false},
+		{"99999999H", time.Hour, false},
+	}
+	for _, tc := range tests {
+		if got := deadlinePassed(tc.header, start, start.Add(tc.elapsed)); got != tc.want {
+			t.Errorf("deadlinePassed(%q, +%v) = %v, want %v", tc.header, tc.elapsed, got, tc.want)
+		}
 	}
 }

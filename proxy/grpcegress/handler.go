@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"io"
+	"math"
 	"net/http"
 	"net/url"
 	"strconv"
@@ -116,7 +117,7 @@ func (g *Grpc) serve(w http.ResponseWriter, r *http.Request) {
 		rt.Stats.DoneGRPC(codeCancelled, start)
 		return
 	}
-	code, outcome := g.forward(ctx, w, r, rt)
+	code, outcome := g.forward(ctx, w, r, rt, start)
 	adm.Ticket.Done(outcome)
 	adm.Release()
 	rt.Stats.DoneGRPC(code, start)
@@ -124,7 +125,7 @@ func (g *Grpc) serve(w http.ResponseWriter, r *http.Request) {
 
 // forward proxies one call within ctx (the call's, bounded by the
 // target's timeout) and returns its grpc-status and the breaker outcome.
-func (g *Grpc) forward(ctx context.Context, w http.ResponseWriter, r *http.Request, rt *route) (int, breaker.Outcome) {
+func (g *Grpc) forward(ctx context.Context, w http.ResponseWriter, r *http.Request, rt *route, start time.Time) (int, breaker.Outcome) {
 	host := rt.host
 	if host == "" {
 		host = r.Host
@@ -150,7 +151,7 @@ func (g *Grpc) forward(ctx context.Context, w http.ResponseWriter, r *http.Reque
 	out = out.WithContext(ctx)
 	resp, err := rt.transport.RoundTrip(out)
 	if err != nil {
-		return g.failed(w, r, ctx, rt, err, false)
+		return g.failed(w, r, ctx, rt, err, false, start)
 	}
 	defer resp.Body.Close()
 	h := w.Header()
@@ -159,7 +160,7 @@ func (g *Grpc) forward(ctx context.Context, w http.ResponseWriter, r *http.Reque
 	}
 	w.WriteHeader(resp.StatusCode)
 	if err := copyFlushing(w, resp.Body); err != nil {
-		return g.failed(w, r, ctx, rt, err, true)
+		return g.failed(w, r, ctx, rt, err, true, start)
 	}
 	for k, vv := range resp.Trailer {
 		h[http.TrailerPrefix+k] = vv
@@ -183,9 +184,24 @@ func (g *Grpc) forward(ctx context.Context, w http.ResponseWriter, r *http.Reque
 // failed ends a call whose exchange broke: before the response started, as
 // a Trailers-Only response; after, with trailers. A call the client
 // cancelled is neutral for the breaker.
-func (g *Grpc) failed(w http.ResponseWriter, r *http.Request, ctx context.Context, rt *route, err error, started bool) (int, breaker.Outcome) {
+func (g *Grpc) failed(w http.ResponseWriter, r *http.Request, ctx context.Context, rt *route, err error, started bool, start time.Time) (int, breaker.Outcome) {
 	if r.Context().Err() != nil {
 		return codeCancelled, breaker.Neutral
+	}
+	if deadlinePassed(r.Header.Get("Grpc-Timeout"), start, time.Now()) {
+		// The call's own deadline passed: the upstream, told it, may
+		// reset the stream (CANCEL) before the client's cancel reaches
+		// warden. The call ended as its client asked, which says nothing
+		// of the upstream: neutral, and no refusal.
+		msg := "the call's deadline (grpc-timeout " + r.Header.Get("Grpc-Timeout") + ") passed"
+		if !started {
+			trailersOnly(w, codeDeadlineExceeded, msg, "")
+		} else {
+			h := w.Header()
+			h.Set(http.TrailerPrefix+"Grpc-Status", strconv.Itoa(codeDeadlineExceeded))
+			h.Set(http.TrailerPrefix+"Grpc-Message", encodeMessage(msg))
+		}
+		return codeDeadlineExceeded, breaker.Neutral
 	}
 	code, control := codeUnavailable, respond.ControlUpstream
 	if errors.Is(ctx.Err(), context.DeadlineExceeded) {
@@ -279,4 +295,38 @@ func encodeMessage(msg string) string {
 		b.WriteByte("0123456789ABCDEF"[c&15])
 	}
 	return b.String()
+}
+
+// deadlinePassed reports whether a call's own deadline, its grpc-timeout
+// header (1-8 digits and a unit, H M S m u n) counted from start, has
+// passed at now. A missing or malformed header is no deadline.
+func deadlinePassed(timeout string, start, now time.Time) bool {
+	if len(timeout) < 2 || len(timeout) > 9 {
+		return false
+	}
+	n, err := strconv.ParseInt(timeout[:len(timeout)-1], 10, 64)
+	if err != nil || n < 0 {
+		return false
+	}
+	var unit time.Duration
+	switch timeout[len(timeout)-1] {
+	case 'H':
+		unit = time.Hour
+	case 'M':
+		unit = time.Minute
+	case 'S':
+		unit = time.Second
+	case 'm':
+		unit = time.Millisecond
+	case 'u':
+		unit = time.Microsecond
+	case 'n':
+		unit = time.Nanosecond
+	default:
+		return false
+	}
+	if n > int64(math.MaxInt64/unit) {
+		return false
+	}
+	return !now.Before(start.Add(time.Duration(n) * unit))
 }
