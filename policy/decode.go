@@ -433,6 +433,16 @@ func (d *decoder) entry(path string, kv pair, e reflect.Value, c checks) bool {
 		d.addf(d.pos(kv.k), "%sempty name", prefix(path))
 		return false
 	}
+	if t := kv.k.ShortTag(); t == tagBool || t == tagNull {
+		// A name is a string: an unquoted true or ~ is YAML's boolean or
+		// null, almost surely not the name meant.
+		kind := "boolean"
+		if t == tagNull {
+			kind = "null"
+		}
+		d.addf(d.pos(kv.k), "%sname %s is YAML's %s; quote it (%q) to use it as a name", prefix(path), name, kind, name)
+		return false
+	}
 	p := child(path, name)
 	d.record(path, p, kv.k, kv.v)
 	d.decodePair(p, kv, e, c.elem())
