@@ -3,7 +3,6 @@ package policy
 import (
 	"fmt"
 	"net"
-	"net/netip"
 	"net/url"
 	"reflect"
 	"regexp"
@@ -187,27 +186,6 @@ func checkHostPort(s string) error {
 	}
 	_, err = parsePort(ps, 1)
 	return err
-}
-
-// hostKey is how hosts entries are compared for duplicates: as the egress
-// matches requests against them, so case, leading zeros in the port and
-// the spelling of an IPv6 literal do not make two entries different.
-func hostKey(entry string) string {
-	host, port := entry, ""
-	if h, p, err := net.SplitHostPort(entry); err == nil {
-		host, port = h, p
-	}
-	host = strings.ToLower(strings.TrimSuffix(strings.TrimPrefix(host, "["), "]"))
-	if a, err := netip.ParseAddr(host); err == nil && a.Is6() {
-		host = "[" + a.String() + "]"
-	}
-	if port == "" {
-		return host
-	}
-	if n, err := strconv.Atoi(port); err == nil {
-		port = strconv.Itoa(n)
-	}
-	return host + ":" + port
 }
 
 // checkHost checks one targets[].hosts entry: `host` or `host:port`.

@@ -7,6 +7,8 @@ import (
 	"slices"
 	"sort"
 	"strings"
+
+	"github.com/warden-dev/warden/proxy/httpwire"
 )
 
 // validate runs the checks that relate values to each other: conditional
@@ -115,7 +117,13 @@ func (v *validator) targets() {
 			if !v.d.ok(hp) {
 				continue
 			}
-			key := hostKey(h)
+			// Compared as the egress matches requests (case, a port's
+			// leading zeros, IPv6 spelling); a host it cannot match is
+			// reported by checkHost.
+			key, err := httpwire.HostKey(h)
+			if err != nil {
+				key = h
+			}
 			if first, dup := hosts[key]; dup {
 				v.fail(hp, "host %q is already routed by %s (line %d)", h, first, v.d.line(first))
 				continue
