@@ -81,6 +81,12 @@ func TestImmediateRefusals(t *testing.T) {
 		}{
 			{"no queue, concurrency full", policy.Pool{Name: "p", Concurrency: 2}, 2, ControlQueue},
 			{"no queue, rate spent", policy.Pool{Name: "p", Rate: 3, Window: 60}, 3, ControlQueue},
+			// max_wait 0s with a queue is a wait of at most nothing:
+			// refused at once by the gate that blocked, nobody queued.
+			// (A cap_key of its own: the cases share one Redis prefix,
+			// and the slots taken above stay held.)
+			{"max_wait 0s, concurrency full", policy.Pool{Name: "p", Concurrency: 1, Queue: 5, CapKey: "zw1"}, 1, ControlConcurrency},
+			{"max_wait 0s, rate spent", policy.Pool{Name: "p", Rate: 1, Window: 3600, Queue: 5, CapKey: "zw2"}, 1, ControlRate},
 		}
 		for _, tc := range tests {
 			t.Run(tc.name, func(t *testing.T) {
@@ -92,8 +98,11 @@ func TestImmediateRefusals(t *testing.T) {
 					}
 				}
 				_, err := p.Acquire(context.Background(), 0, clk.Now())
-				if r := rejection(t, err); r.Control != tc.control {
-					t.Fatalf("control %s, want %s", r.Control, tc.control)
+				if r := rejection(t, err); r.Control != tc.control || r.Waited != 0 {
+					t.Fatalf("control %s after %v, want %s at once", r.Control, r.Waited, tc.control)
+				}
+				if q := p.Snapshot(clk.Now()).Queued; q != 0 {
+					t.Fatalf("%d queued", q)
 				}
 			})
 		}
@@ -236,37 +245,6 @@ func TestMaxWaitNamesTheBlockingGate(t *testing.T) {
 				r := rejection(t, <-errc)
 				if r.Control != tc.control || r.Waited != time.Second {
 					t.Fatalf("got %s after %v, want %s after 1s", r.Control, r.Waited, tc.control)
-				}
-			})
-		}
-	})
-}
-
-// TestZeroMaxWaitDoesNotWait: max_wait 0s with a queue is a wait of at
-// most nothing: refused at once by the gate that blocked, nobody queued.
-func TestZeroMaxWaitDoesNotWait(t *testing.T) {
-	eachBackend(t, func(t *testing.T, newSet func(clk *clock.Fake, pools ...policy.Pool) *Set) {
-		tests := []struct {
-			name    string
-			cfg     policy.Pool
-			control string
-		}{
-			{"rate", policy.Pool{Name: "p", Rate: 1, Window: 3600, Queue: 5}, ControlRate},
-			{"concurrency", policy.Pool{Name: "p", Concurrency: 1, Queue: 5}, ControlConcurrency},
-		}
-		for _, tc := range tests {
-			t.Run(tc.name, func(t *testing.T) {
-				clk := clock.NewFake(t0)
-				p := newSet(clk, tc.cfg).Get("p")
-				if _, err := p.Acquire(context.Background(), 0, clk.Now()); err != nil {
-					t.Fatal(err)
-				}
-				_, err := p.Acquire(context.Background(), 0, clk.Now())
-				if r := rejection(t, err); r.Control != tc.control || r.Waited != 0 {
-					t.Fatalf("got %s after %v, want %s at once", r.Control, r.Waited, tc.control)
-				}
-				if q := p.Snapshot(clk.Now()).Queued; q != 0 {
-					t.Fatalf("%d queued", q)
 				}
 			})
 		}
