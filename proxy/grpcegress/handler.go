@@ -193,14 +193,7 @@ func (g *Grpc) failed(w http.ResponseWriter, r *http.Request, ctx context.Contex
 		// reset the stream (CANCEL) before the client's cancel reaches
 		// warden. The call ended as its client asked, which says nothing
 		// of the upstream: neutral, and no refusal.
-		msg := "the call's deadline (grpc-timeout " + r.Header.Get("Grpc-Timeout") + ") passed"
-		if !started {
-			trailersOnly(w, codeDeadlineExceeded, msg, "")
-		} else {
-			h := w.Header()
-			h.Set(http.TrailerPrefix+"Grpc-Status", strconv.Itoa(codeDeadlineExceeded))
-			h.Set(http.TrailerPrefix+"Grpc-Message", encodeMessage(msg))
-		}
+		endCall(w, started, codeDeadlineExceeded, "the call's deadline (grpc-timeout "+r.Header.Get("Grpc-Timeout")+") passed", "")
 		return codeDeadlineExceeded, breaker.Neutral
 	}
 	code, control := codeUnavailable, respond.ControlUpstream
@@ -208,16 +201,23 @@ func (g *Grpc) failed(w http.ResponseWriter, r *http.Request, ctx context.Contex
 		code, control = codeDeadlineExceeded, respond.ControlTimeout
 	}
 	rt.Stats.Reject(control, rt.Name)
-	msg := "upstream " + rt.Name + ": " + err.Error()
+	endCall(w, started, code, "upstream "+rt.Name+": "+err.Error(), control)
+	return code, breaker.Failure
+}
+
+// endCall gives a call its status: as a Trailers-Only response when
+// nothing was sent yet, else in the trailers.
+func endCall(w http.ResponseWriter, started bool, code int, msg, control string) {
 	if !started {
 		trailersOnly(w, code, msg, control)
-	} else {
-		h := w.Header()
-		h.Set(http.TrailerPrefix+"Grpc-Status", strconv.Itoa(code))
-		h.Set(http.TrailerPrefix+"Grpc-Message", encodeMessage(msg))
+		return
+	}
+	h := w.Header()
+	h.Set(http.TrailerPrefix+"Grpc-Status", strconv.Itoa(code))
+	h.Set(http.TrailerPrefix+"Grpc-Message", encodeMessage(msg))
+	if control != "" {
 		h.Set(http.TrailerPrefix+respond.HeaderControl, control)
 	}
-	return code, breaker.Failure
 }
 
 // trailersOnly answers a call without contacting the upstream: one HEADERS
@@ -297,6 +297,12 @@ func encodeMessage(msg string) string {
 	return b.String()
 }
 
+// grpcTimeoutUnits are the units of a grpc-timeout header.
+var grpcTimeoutUnits = map[byte]time.Duration{
+	'H': time.Hour, 'M': time.Minute, 'S': time.Second,
+	'm': time.Millisecond, 'u': time.Microsecond, 'n': time.Nanosecond,
+}
+
 // deadlinePassed reports whether a call's own deadline, its grpc-timeout
 // header (1-8 digits and a unit, H M S m u n) counted from start, has
 // passed at now. A missing or malformed header is no deadline.
@@ -308,21 +314,8 @@ func deadlinePassed(timeout string, start, now time.Time) bool {
 	if err != nil || n < 0 {
 		return false
 	}
-	var unit time.Duration
-	switch timeout[len(timeout)-1] {
-	case 'H':
-		unit = time.Hour
-	case 'M':
-		unit = time.Minute
-	case 'S':
-		unit = time.Second
-	case 'm':
-		unit = time.Millisecond
-	case 'u':
-		unit = time.Microsecond
-	case 'n':
-		unit = time.Nanosecond
-	default:
+	unit := grpcTimeoutUnits[timeout[len(timeout)-1]]
+	if unit == 0 {
 		return false
 	}
 	if n > int64(math.MaxInt64/unit) {
