@@ -43,6 +43,10 @@ func main() {
 		serveFloor(os.Args[2], os.Args[3], len(os.Args) > 4 && os.Args[4] == "raw")
 		return
 	}
+	if len(os.Args) > 3 && os.Args[1] == "relay" {
+		serveRelay(os.Args[2], os.Args[3])
+		return
+	}
 	var o options
 	flag.StringVar(&o.warden, "warden", "bin/warden", "warden binary")
 	flag.StringVar(&o.out, "out", "bench/out", "directory for configs, logs and results")
@@ -120,6 +124,9 @@ func serveFloor(listen, upstream string, raw bool) {
 	}
 }
 
+// relayRow names the epoll relay's row (serveRelay).
+const relayRow = "epoll relay (TCP)"
+
 // path is one way to reach the upstream.
 type path struct {
 	name, addr string
@@ -135,7 +142,7 @@ func run(o options) error {
 	if err := os.MkdirAll(out, 0o755); err != nil {
 		return err
 	}
-	ports := freePorts(11)
+	ports := freePorts(12)
 	upAddr := ports[0]
 	var procs []*proc
 	defer func() {
@@ -192,6 +199,18 @@ func run(o options) error {
 	}
 	procs = append(procs, floorRaw)
 	paths = append(paths, path{name: "floor, raw I/O", addr: ports[10], pid: floorRaw.cmd.Process.Pid})
+	relayPath := path{name: relayRow, addr: ports[11]}
+	if runtime.GOOS != "linux" {
+		relayPath.missing = "needs Linux (epoll)"
+	} else {
+		relay, err := start(out, "relay", nil, self, "relay", ports[11], upAddr)
+		if err != nil {
+			return err
+		}
+		procs = append(procs, relay)
+		relayPath.pid = relay.cmd.Process.Pid
+	}
+	paths = append(paths, relayPath)
 
 	nginxPath := path{name: "nginx", addr: ports[4]}
 	if bin, err := exec.LookPath("nginx"); err != nil {
@@ -403,7 +422,8 @@ func measure(o options, out string, paths []path) error {
 	fmt.Println("nginx: 2 workers, HTTP/1.1 keep-alive to the upstream (keepalive 128); HAProxy: nbthread 2, keep-alive and http-reuse always;")
 	fmt.Println("warden: GOMAXPROCS 2 (rows marked 1P: a second warden with GOMAXPROCS=1); egress with tenant cap, breaker and pool on;")
 	fmt.Println("fasthttp floor: a bare fasthttp server + HostClient proxy, no checks or controls (the Go floor);")
-	fmt.Println("floor, raw I/O: the same with warden's raw socket reads and writes (internal/rawio)")
+	fmt.Println("floor, raw I/O: the same with warden's raw socket reads and writes (internal/rawio);")
+	fmt.Println("epoll relay: not HTTP; a TCP relay on one epoll loop per thread, as HAProxy's threads wait (the Go ceiling)")
 	for round := range o.rounds {
 		for i, p := range paths {
 			r := row{}
@@ -537,7 +557,7 @@ func render(paths []path, results [][]row) string {
 		"saturation, open loop. Medians over the rounds; \"round by round\" is the median (and range) of the\n" +
 		"throughput ratios taken within each round.\n")
 	b.WriteString("\nratios (throughput, higher is better; CPU per request, lower is better; added p99):\n")
-	for _, w := range []string{"warden ingress", "warden egress", "warden ingress 1P", "warden egress 1P", "fasthttp floor", "floor, raw I/O"} {
+	for _, w := range []string{"warden ingress", "warden egress", "warden ingress 1P", "warden egress 1P", "fasthttp floor", "floor, raw I/O", relayRow} {
 		for _, base := range []string{"nginx", "haproxy"} {
 			if rps[w] == 0 || rps[base] == 0 {
 				continue
