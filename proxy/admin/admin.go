@@ -137,7 +137,10 @@ func (a *API) ServeHTTP(w http.ResponseWriter, r *http.Request) { a.mux.ServeHTT
 func (a *API) SetTokenEnv(env string) {
 	t := &token{env: env}
 	if env != "" {
-		t.value = os.Getenv(env)
+		// Whitespace around the value cannot be part of a token: HTTP
+		// strips it from the header, so it could never match. A secret
+		// mounted from a file usually ends in a newline.
+		t.value = strings.TrimSpace(os.Getenv(env))
 	}
 	a.srv.tok.Store(t)
 }
@@ -216,8 +219,9 @@ func (s *server) authorized(next http.HandlerFunc) http.HandlerFunc {
 			return
 		}
 		// The scheme is case-insensitive (RFC 9110 §11.1): "bearer" is as
-		// good as "Bearer".
+		// good as "Bearer"; one or more spaces may follow it (§11.4).
 		scheme, got, ok := strings.Cut(r.Header.Get("Authorization"), " ")
+		got = strings.TrimLeft(got, " ")
 		if !ok || !strings.EqualFold(scheme, "Bearer") || !constantTimeEqual(got, tok.value) {
 			w.Header().Set("WWW-Authenticate", `Bearer realm="warden-admin"`)
 			writeError(w, http.StatusUnauthorized, "missing or wrong bearer token")

@@ -22,6 +22,8 @@ func TestAuthorization(t *testing.T) {
 			Sources: Sources{ResetPools: func() { resets++ }}})
 	}
 	t.Setenv("ADMIN_TEST_TOKEN", "tok")
+	t.Setenv("ADMIN_TEST_TOKEN_NL", " tok\n")
+	t.Setenv("ADMIN_TEST_TOKEN_BLANK", " \n")
 	tests := []struct {
 		name   string
 		env    string
@@ -35,6 +37,10 @@ func TestAuthorization(t *testing.T) {
 		{"right token", "ADMIN_TEST_TOKEN", "Bearer tok", 200},
 		{"scheme in lower case", "ADMIN_TEST_TOKEN", "bearer tok", 200},
 		{"other scheme", "ADMIN_TEST_TOKEN", "Basic tok", 401},
+		{"spaces after the scheme", "ADMIN_TEST_TOKEN", "Bearer   tok", 200},
+		{"no token after the scheme", "ADMIN_TEST_TOKEN", "Bearer  ", 401},
+		{"token read with a trailing newline", "ADMIN_TEST_TOKEN_NL", "Bearer tok", 200},
+		{"whitespace-only token disables mutations", "ADMIN_TEST_TOKEN_BLANK", "Bearer  ", 403},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -110,6 +116,8 @@ func TestReadyzReportsDegradedWithoutFailing(t *testing.T) {
 // previous settings), 422 when nothing changed.
 func TestReloadAnswers(t *testing.T) {
 	t.Setenv("ADMIN_TEST_TOKEN", "tok")
+	t.Setenv("ADMIN_TEST_TOKEN_NL", " tok\n")
+	t.Setenv("ADMIN_TEST_TOKEN_BLANK", " \n")
 	tests := []struct {
 		name   string
 		err    error
