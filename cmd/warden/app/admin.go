@@ -114,6 +114,14 @@ func (a *App) ready() error {
 	if a.draining.Load() {
 		return errShuttingDown
 	}
+	// The admin listener comes up first, so a probe can reach it while
+	// the data-plane listeners are still binding (or the run store still
+	// opening): ready only once they all are.
+	select {
+	case <-a.started:
+	default:
+		return errStarting
+	}
 	for _, comp := range a.components {
 		if r, ok := comp.(interface{ Ready() error }); ok {
 			if err := r.Ready(); err != nil {

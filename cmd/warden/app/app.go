@@ -290,6 +290,9 @@ func (a *App) logWarnings(p *policy.Policy) {
 // begun.
 var errShuttingDown = errors.New("draining: warden is shutting down")
 
+// errStarting is what /readyz answers until every listener is bound.
+var errStarting = errors.New("starting: listeners not all bound yet")
+
 // acceptStopper is a component with listeners: StopAccepting closes them
 // at once, and the component's Shutdown drains what they had accepted.
 type acceptStopper interface{ StopAccepting() }

@@ -157,3 +157,41 @@ func TestErrorsNameTheComponentOnce(t *testing.T) {
 		})
 	}
 }
+
+// The admin listener is bound first; /readyz must not say ready while
+// the data-plane listeners are still to come.
+func TestNotReadyUntilEveryListenerIsBound(t *testing.T) {
+	file := filepath.Join(t.TempDir(), "p.yaml")
+	writePolicy(t, file, `version: 1
+admin: { listen: "127.0.0.1:0" }
+ingress: { listen: "127.0.0.1:0", worker: "http://127.0.0.1:9" }
+`)
+	a, err := New(Options{PolicyFile: file, NoWatch: true, Log: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// What start does first, before any component binds.
+	if err := a.applyAdmin(a.holder.Load()); err != nil {
+		t.Fatal(err)
+	}
+	admin := "http://" + a.AdminAddr()
+	if code, body := getStatus(t, admin+"/readyz"); code != http.StatusServiceUnavailable || !strings.Contains(body, "starting") {
+		t.Fatalf("/readyz before the listeners are bound: %d %s, want 503 starting", code, body)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- a.Run(ctx, nil) }()
+	select {
+	case <-a.Started():
+	case err := <-done:
+		cancel()
+		t.Fatalf("warden did not start: %v", err)
+	}
+	if code, body := getStatus(t, admin+"/readyz"); code != http.StatusOK {
+		t.Errorf("/readyz once started: %d %s, want 200", code, body)
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Errorf("shutdown: %v", err)
+	}
+}
