@@ -1,8 +1,10 @@
 package connpool
 
 import (
+	"context"
 	"crypto/tls"
 	"errors"
+	"fmt"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -67,7 +69,7 @@ type waiter struct {
 // errPoolWait is wrapped when the deadline passes while waiting for a slot.
 var errPoolWait = errors.New("all connections busy (max_connections) until the deadline")
 
-// errWaitCancelled is wrapped when the request's Cancel closes first.
+// errWaitCancelled is wrapped when the request's Wait ends first.
 var errWaitCancelled = errors.New("wait for a free connection (max_connections) cancelled")
 
 // Config returns the pool's settings.
@@ -75,8 +77,8 @@ func (p *Pool) Config() Config { return p.cfg }
 
 // acquire returns a connection for one exchange: an idle one that is still
 // alive, a new one while under MaxConns, or else the first one released
-// before deadline or cancel.
-func (p *Pool) acquire(deadline time.Time, cancel <-chan struct{}) (*Conn, error) {
+// before deadline or the end of wait.
+func (p *Pool) acquire(deadline time.Time, wait context.Context) (*Conn, error) {
 	for {
 		p.mu.Lock()
 		if n := len(p.idle); n > 0 {
@@ -99,7 +101,7 @@ func (p *Pool) acquire(deadline time.Time, cancel <-chan struct{}) (*Conn, error
 		w := &waiter{ch: make(chan *Conn, 1)}
 		p.waiters = append(p.waiters, w)
 		p.mu.Unlock()
-		c, ok, err := p.wait(w, deadline, cancel)
+		c, ok, err := p.wait(w, deadline, wait)
 		if err != nil {
 			return nil, err
 		}
@@ -114,23 +116,29 @@ func (p *Pool) acquire(deadline time.Time, cancel <-chan struct{}) (*Conn, error
 	}
 }
 
-// wait blocks until w is served, the deadline passes or cancel is closed.
-// ok is false when w was handed a slot rather than a connection.
-func (p *Pool) wait(w *waiter, deadline time.Time, cancel <-chan struct{}) (c *Conn, ok bool, err error) {
+// wait blocks until w is served, the deadline passes or ctx ends. ok is
+// false when w was handed a slot rather than a connection.
+func (p *Pool) wait(w *waiter, deadline time.Time, ctx context.Context) (c *Conn, ok bool, err error) {
 	var timeout <-chan time.Time
 	if !deadline.IsZero() {
 		t := time.NewTimer(time.Until(deadline))
 		defer t.Stop()
 		timeout = t.C
 	}
+	var ended <-chan struct{}
+	if ctx != nil {
+		ended = ctx.Done()
+	}
 	kind, cause := KindTimeout, errPoolWait
 	select {
 	case c = <-w.ch:
 		return c, c != nil, nil
 	case <-timeout:
-	case <-cancel:
-		// Not the upstream's fault: a breaker must not count it.
-		kind, cause = KindClient, errWaitCancelled
+	case <-ended:
+		if !errors.Is(ctx.Err(), context.DeadlineExceeded) {
+			// Not the upstream's fault: a breaker must not count it.
+			kind, cause = KindClient, fmt.Errorf("%w: %w", errWaitCancelled, context.Cause(ctx))
+		}
 	}
 	p.mu.Lock()
 	for i, x := range p.waiters {

@@ -3,6 +3,7 @@ package connpool
 import (
 	"bufio"
 	"bytes"
+	"context"
 	"crypto/tls"
 	"errors"
 	"fmt"
@@ -281,18 +282,24 @@ func TestMaxConnsQueuesAndTimesOut(t *testing.T) {
 	if KindOf(err) != KindTimeout {
 		t.Fatalf("queued past deadline: %v", err)
 	}
-	// A caller with no deadline waits until its Cancel closes (a server
-	// shutting down), and that is not the upstream's failure.
-	cancel := make(chan struct{})
+	// A caller with no deadline waits until its Wait ends (its client
+	// hung up), and that is not the upstream's failure.
+	wait, cancel := context.WithCancel(context.Background())
 	cancelled := make(chan error, 1)
 	go func() {
-		_, _, err := exchange(t, p, &Request{Header: getRequest(u.addr, "/"), Cancel: cancel})
+		_, _, err := exchange(t, p, &Request{Header: getRequest(u.addr, "/"), Wait: wait})
 		cancelled <- err
 	}()
 	fasttest.WaitFor(t, "the unbounded caller queued", func() bool { return p.Stats().Waiting == 7 })
-	close(cancel)
+	cancel()
 	if err := <-cancelled; KindOf(err) != KindClient {
 		t.Fatalf("cancelled wait: %v, want a client-side error", err)
+	}
+	// A Wait whose own deadline passes first ends the wait as a timeout.
+	bounded, stop := context.WithTimeout(context.Background(), 20*time.Millisecond)
+	defer stop()
+	if _, _, err := exchange(t, p, &Request{Header: getRequest(u.addr, "/"), Wait: bounded}); KindOf(err) != KindTimeout {
+		t.Fatalf("wait past its context's deadline: %v, want a timeout", err)
 	}
 	close(gate)
 	wg.Wait()

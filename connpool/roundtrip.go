@@ -2,6 +2,7 @@ package connpool
 
 import (
 	"bytes"
+	"context"
 	"errors"
 	"io"
 	"sync"
@@ -23,10 +24,12 @@ type Request struct {
 	// Deadline bounds the whole exchange, streamed response body included.
 	// Zero means none.
 	Deadline time.Time
-	// Cancel, when closed, ends a wait for a connection slot: with no
-	// Deadline that wait is otherwise unbounded, and a server shutting down
-	// must not be held by callers queued behind a full pool. Nil means none.
-	Cancel <-chan struct{}
+	// Wait, when its Done closes first, ends a wait for a connection slot
+	// as the caller's (KindClient): the client hung up. Its Done is asked
+	// for only when the request must wait, so a lazily built context costs
+	// nothing until then. Its deadline, if it has one, ends the wait as
+	// Deadline does. Nil means none.
+	Wait context.Context
 	// Whole, when set, is asked with the response's status; when it
 	// answers true, a body of up to WholeBodyMax is read into the response
 	// whatever its framing (chunked, or longer than InlineBodyMax), so that
@@ -61,7 +64,7 @@ var (
 // Do never sends a request twice. An error is an *Error saying which side
 // failed.
 func (p *Pool) Do(req *Request, resp *fasthttp.Response, fin Finisher) (streamed bool, err error) {
-	c, err := p.acquire(req.Deadline, req.Cancel)
+	c, err := p.acquire(req.Deadline, req.Wait)
 	if err != nil {
 		return false, err
 	}

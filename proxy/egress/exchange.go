@@ -13,6 +13,7 @@ import (
 	"github.com/warden-dev/warden/governor/retry"
 	"github.com/warden-dev/warden/internal/rawio"
 	"github.com/warden-dev/warden/proxy/admit"
+	"github.com/warden-dev/warden/proxy/clientwait"
 	"github.com/warden-dev/warden/proxy/forward"
 	"github.com/warden-dev/warden/proxy/httpwire"
 	"github.com/warden-dev/warden/proxy/respond"
@@ -37,7 +38,7 @@ type exchange struct {
 	e     *Egress
 	r     *route
 	adm   admit.Admission
-	wait  poolWait
+	wait  clientwait.Wait
 	body  forward.Body
 	req   connpool.Request
 	start time.Time
@@ -78,6 +79,7 @@ func (x *exchange) Finish(err error) {
 
 // done releases what the request held and records it.
 func (x *exchange) done() {
+	x.wait.End()
 	x.adm.Release()
 	x.r.Stats.Done(x.code, x.start)
 	x.body.Release()
@@ -97,13 +99,13 @@ func (e *Egress) exchange(ctx *fasthttp.RequestCtx, x *exchange, pool *connpool.
 		keep = RetryBodyMax
 	}
 	x.req.Header = h
-	x.req.Cancel = ctx.Done() // a drain stops waits for an upstream connection
-	if r.Timeout > 0 {
-		// From the request's arrival: the timeout bounds the whole
-		// exchange, waiting in a pool and reading the client's body
-		// (Prepare) included.
-		x.req.Deadline = x.start.Add(r.Timeout)
-	}
+	// From the request's arrival: the timeout bounds the whole exchange,
+	// waiting in a pool and reading the client's body (Prepare) included.
+	x.req.Deadline = x.deadline()
+	// A wait for an upstream connection ends when the client hangs up,
+	// not when a drain begins: in-flight requests finish within the grace.
+	x.wait.Reset(ctx.Conn(), e.opts.Clock, x.req.Deadline)
+	x.req.Wait = &x.wait
 	buffered, err := x.body.Prepare(ctx, &x.req, keep)
 	timedOut := errors.Is(err, forward.ErrBodyTimeout) || (err == nil && r.Timeout > 0 && !time.Now().Before(x.req.Deadline))
 	if err != nil && !timedOut {
@@ -137,6 +139,10 @@ func (e *Egress) exchange(ctx *fasthttp.RequestCtx, x *exchange, pool *connpool.
 		if err != nil {
 			if connpool.KindOf(err) == connpool.KindClient {
 				ticket.Done(breaker.Neutral)
+				if x.wait.ClientGone() {
+					x.clientGone(ctx)
+					return
+				}
 				respond.Error(ctx, fasthttp.StatusBadRequest, err.Error())
 				x.code = fasthttp.StatusBadRequest
 				x.done()
@@ -191,6 +197,23 @@ func (e *Egress) exchange(ctx *fasthttp.RequestCtx, x *exchange, pool *connpool.
 			}
 		}
 	}
+}
+
+// deadline is when the target's timeout ends the exchange (zero: never).
+func (x *exchange) deadline() time.Time {
+	if x.r.Timeout <= 0 {
+		return time.Time{}
+	}
+	return x.start.Add(x.r.Timeout)
+}
+
+// clientGone ends an exchange whose client hung up while it waited,
+// before anything was sent upstream: nobody is there to answer, so no
+// refusal is counted, and the connection is closed with nothing written.
+func (x *exchange) clientGone(ctx *fasthttp.RequestCtx) {
+	ctx.SetConnectionClose()
+	x.code = clientwait.StatusGone
+	x.done()
 }
 
 // isFailure reports whether an answer with status is a failure, one a
@@ -248,8 +271,8 @@ func (e *Egress) retry(ctx *fasthttp.RequestCtx, x *exchange, attempt int, reaso
 		defer t.Stop()
 		select {
 		case <-t.C():
-		case <-ctx.Done():
-			return breaker.Ticket{}, false, "" // shutting down
+		case <-x.wait.Done():
+			return breaker.Ticket{}, false, "" // the client hung up
 		}
 	}
 	ticket, _, ok = r.Breaker.Allow()

@@ -71,20 +71,13 @@ func (e *Egress) serve(ctx *fasthttp.RequestCtx) {
 	}
 	x := getExchange(e, r, ctx.Time())
 	now := e.now(ctx)
-	x.wait = poolWait{Context: ctx, conn: ctx.Conn(), clk: e.opts.Clock}
-	if r.Timeout > 0 {
-		x.wait.deadline = x.start.Add(r.Timeout)
-	}
+	x.wait.Reset(ctx.Conn(), e.opts.Clock, x.deadline())
 	ref, ok := admit.Admit(&x.wait, &x.adm, &r.Target, tb.caps, scan.Want, "egress", now)
-	gone := x.wait.clientGone()
-	x.wait.end()
+	gone := x.wait.ClientGone()
+	x.wait.End()
 	if !ok {
 		if gone {
-			// Nobody to answer: no refusal is counted, and the
-			// connection is closed with nothing written.
-			ctx.SetConnectionClose()
-			x.code = StatusClientGone
-			x.done()
+			x.clientGone(ctx)
 			return
 		}
 		x.code = e.refuseAdmission(ctx, r, ref, now)

@@ -10,6 +10,7 @@ import (
 	"github.com/valyala/fasthttp"
 
 	"github.com/warden-dev/warden/internal/fasttest"
+	"github.com/warden-dev/warden/proxy/clientwait"
 )
 
 // poolFixture's upstream holds every request until open is called (at the
@@ -172,7 +173,7 @@ func TestClientGoneLeavesTheQueue(t *testing.T) {
 			return true
 		}
 		if checks < 20 {
-			f.clk.Advance(ClientCheckInterval)
+			f.clk.Advance(clientwait.CheckInterval)
 			checks++
 		}
 		return false

@@ -13,6 +13,7 @@ import (
 	"github.com/warden-dev/warden/connpool"
 	"github.com/warden-dev/warden/governor/breaker"
 	"github.com/warden-dev/warden/proxy/admit"
+	"github.com/warden-dev/warden/proxy/clientwait"
 	"github.com/warden-dev/warden/proxy/httpwire"
 	"github.com/warden-dev/warden/proxy/respond"
 )
@@ -48,8 +49,19 @@ func (e *Egress) connect(ctx *fasthttp.RequestCtx, tb *table, scan httpwire.Scan
 	}
 	t := &tunnel{e: e, r: r, start: ctx.Time()}
 	now := e.now(ctx)
-	if ref, ok := admit.Admit(ctx, &t.adm, &r.Target, tb.caps, scan.Want, "egress", now); !ok {
-		code := e.refuseAdmission(ctx, r, ref, now)
+	// Waits end when the client hangs up, not when a drain begins. The
+	// hijacked connection is read only after this handler returns, so the
+	// client check is over by then.
+	var wait clientwait.Wait
+	wait.Reset(ctx.Conn(), e.opts.Clock, time.Time{})
+	defer wait.End()
+	if ref, ok := admit.Admit(&wait, &t.adm, &r.Target, tb.caps, scan.Want, "egress", now); !ok {
+		code := clientwait.StatusGone
+		if wait.ClientGone() {
+			ctx.SetConnectionClose()
+		} else {
+			code = e.refuseAdmission(ctx, r, ref, now)
+		}
 		r.Stats.Done(code, t.start)
 		return
 	}
@@ -60,9 +72,16 @@ func (e *Egress) connect(ctx *fasthttp.RequestCtx, tb *table, scan httpwire.Scan
 	d := net.Dialer{Timeout: timeout, KeepAlive: 30 * time.Second}
 	// Not the RequestCtx itself: the dialer derives a context from it,
 	// whose watcher goroutine can outlive this handler and then read the
-	// RequestCtx after fasthttp recycled it (a race seen under -race). The
-	// server's done channel alone still cancels the dial on shutdown.
-	up, err := d.DialContext(doneOnly{ctx.Done()}, "tcp", addr)
+	// RequestCtx after fasthttp recycled it (a race seen under -race).
+	up, err := d.DialContext(wait.Context(), "tcp", addr)
+	if err != nil && wait.ClientGone() {
+		// Nobody asked for the tunnel any more: the target is not to blame.
+		t.adm.Ticket.Done(breaker.Neutral)
+		t.adm.Release()
+		ctx.SetConnectionClose()
+		r.Stats.Done(clientwait.StatusGone, t.start)
+		return
+	}
 	if err != nil {
 		t.adm.Ticket.Done(breaker.Failure)
 		t.adm.Release()

@@ -10,6 +10,7 @@ import (
 	"github.com/valyala/fasthttp"
 
 	"github.com/warden-dev/warden/connpool"
+	"github.com/warden-dev/warden/proxy/clientwait"
 	"github.com/warden-dev/warden/proxy/forward"
 	"github.com/warden-dev/warden/proxy/httpwire"
 	"github.com/warden-dev/warden/proxy/respond"
@@ -127,6 +128,7 @@ func requestPath(uri []byte) []byte {
 type exchange struct {
 	body   forward.Body
 	req    connpool.Request
+	wait   clientwait.Wait
 	target *stats.Target
 	start  time.Time
 	code   int
@@ -138,6 +140,7 @@ var exchanges = sync.Pool{New: func() any { return new(exchange) }}
 func (x *exchange) Finish(error) { x.done() }
 
 func (x *exchange) done() {
+	x.wait.End()
 	x.target.Done(x.code, x.start)
 	x.body.Release()
 	x.req = connpool.Request{}
@@ -160,7 +163,10 @@ func (g *Ingress) forward(ctx *fasthttp.RequestCtx, rt *policyState, f httpwire.
 	x := exchanges.Get().(*exchange)
 	x.target, x.start = rt.target, ctx.Time()
 	x.req.Header = h
-	x.req.Cancel = ctx.Done() // a drain stops waits for a worker connection
+	// A wait for a worker connection ends when the client hangs up, not
+	// when a drain begins: in-flight requests finish within the grace.
+	x.wait.Reset(ctx.Conn(), g.opts.Clock, time.Time{})
+	x.req.Wait = &x.wait
 	if _, err := x.body.Prepare(ctx, &x.req, 0); err != nil {
 		respond.Error(ctx, fasthttp.StatusBadRequest, err.Error())
 		x.code = fasthttp.StatusBadRequest
@@ -169,7 +175,11 @@ func (g *Ingress) forward(ctx *fasthttp.RequestCtx, rt *policyState, f httpwire.
 	}
 	streamed, err := rt.worker.Do(&x.req, &ctx.Response, x)
 	if err != nil {
-		if connpool.KindOf(err) == connpool.KindClient {
+		if connpool.KindOf(err) == connpool.KindClient && x.wait.ClientGone() {
+			// Nobody to answer, and nothing was sent to the worker.
+			ctx.SetConnectionClose()
+			x.code = clientwait.StatusGone
+		} else if connpool.KindOf(err) == connpool.KindClient {
 			respond.Error(ctx, fasthttp.StatusBadRequest, err.Error())
 			x.code = fasthttp.StatusBadRequest
 		} else {
