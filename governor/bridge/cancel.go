@@ -4,6 +4,7 @@ import (
 	"crypto/rand"
 	"encoding/binary"
 	"io"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -15,11 +16,49 @@ import (
 // previous client must not be able to cancel the next one's queries. A
 // CancelRequest is forwarded to the upstream only when its key belongs to a
 // live session of this bridge, rewritten to that connection's real key.
+// A cancel still on its way when its client terminates would reach the
+// server connection's next user: that connection is closed, not kept, as
+// PgBouncer holds one back until its cancels are done.
 
 // cancelTarget is where a client's cancel key leads.
 type cancelTarget struct {
 	addr string
 	real atomic.Pointer[serverKey] // nil until the client has a server connection
+
+	mu       sync.Mutex
+	ended    bool // the session is over: nothing more is forwarded
+	inflight int  // cancels being forwarded
+}
+
+// begin is a forwarded cancel's start: the server connection's key, or nil
+// when the session is over or has none.
+func (t *cancelTarget) begin() *serverKey {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	real := t.real.Load()
+	if t.ended || real == nil {
+		return nil
+	}
+	t.inflight++
+	return real
+}
+
+func (t *cancelTarget) finished() {
+	t.mu.Lock()
+	t.inflight--
+	t.mu.Unlock()
+}
+
+// end closes the key to cancels and reports whether one is still being
+// forwarded (its server connection must then not serve anyone else).
+func (t *cancelTarget) end() (busy bool) {
+	if t == nil {
+		return false
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.ended = true
+	return t.inflight > 0
 }
 
 // serverKey is a server connection's own BackendKeyData.
@@ -73,24 +112,31 @@ func (b *bridge) forwardCancel(m *pgproto3.CancelRequest) {
 	b.mu.Unlock()
 	var real *serverKey
 	if t != nil {
-		real = t.real.Load()
+		real = t.begin()
 	}
 	if real == nil {
 		b.log.Debug("cancel request for no live server connection dropped")
 		return
 	}
-	conn, err := b.set.dialer.Dial("tcp", t.addr)
+	defer t.finished()
+	b.sendCancel(t.addr, real)
+}
+
+// sendCancel asks the server at addr to cancel what the connection with
+// key is running, and waits until it has acted.
+func (b *bridge) sendCancel(addr string, key *serverKey) {
+	conn, err := b.set.dialer.Dial("tcp", addr)
 	if err != nil {
-		b.log.Warn("cancel request not forwarded", "upstream", t.addr, "err", err)
+		b.log.Warn("cancel request not forwarded", "upstream", addr, "err", err)
 		return
 	}
 	defer conn.Close()
-	req, err := (&pgproto3.CancelRequest{ProcessID: real.pid, SecretKey: real.secret}).Encode(nil)
+	req, err := (&pgproto3.CancelRequest{ProcessID: key.pid, SecretKey: key.secret}).Encode(nil)
 	if err != nil {
 		return
 	}
 	if _, err := conn.Write(req); err != nil {
-		b.log.Warn("cancel request not forwarded", "upstream", t.addr, "err", err)
+		b.log.Warn("cancel request not forwarded", "upstream", addr, "err", err)
 		return
 	}
 	// The server closes the connection once it has acted on the request.

@@ -62,6 +62,20 @@ func (c cause) reapReason() string {
 	return ""
 }
 
+// abandonsStatement reports whether a session ended for c, in the middle of
+// a statement, leaves that statement running on the server for nobody:
+// closing the connection does not stop it (the server notices only when it
+// next writes), so it would hold its locks, and an autocommit statement
+// would commit for a client or run that is gone. The server ending the
+// session, or a client that terminated itself, leaves nothing to stop.
+func (c cause) abandonsStatement() bool {
+	switch c {
+	case causeNone, causeClientDone, causeReuse, causeServerClosed, causeServerProtocol:
+		return false
+	}
+	return true
+}
+
 // farewell is the ErrorResponse a Postgres client is sent when the bridge
 // ends its session for cause c, nil when it is owed none.
 func (s *session) farewell(c cause) []byte {

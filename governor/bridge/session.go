@@ -196,11 +196,23 @@ func (s *session) detail() error {
 func (s *session) finish() {
 	c := s.endCause()
 	s.b.unregister(s)
-	if c == causeReuse && s.resetForReuse() {
+	cancelling := s.ct.end()
+	if c == causeReuse && !cancelling && s.resetForReuse() {
 		s.up.Payload = s.welcome.Load()
 		s.g.pool.Put(s.up)
 	} else {
 		s.up.Close()
+		if s.pg && s.pending.Load() > 0 && c.abandonsStatement() && s.ct != nil {
+			if key, addr := s.ct.real.Load(), s.ct.addr; key != nil {
+				// Within the session's handler, so the bridge's shutdown
+				// waits for it.
+				s.b.handlers.Add(1)
+				go func() {
+					defer s.b.handlers.Done()
+					s.b.sendCancel(addr, key)
+				}()
+			}
+		}
 	}
 	_ = s.cl.Close()
 	s.b.notify()
