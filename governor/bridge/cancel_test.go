@@ -174,4 +174,3 @@ func waitUntil(t *testing.T, what string, limit time.Duration, cond func() bool)
 		time.Sleep(20 * time.Millisecond)
 	}
 }
-
