@@ -151,7 +151,8 @@ func classify(name, value []byte, seen Fields) (Fields, error) {
 			return HasKeepAlive, nil
 		}
 	case 12:
-		if equalFold(name, "x-request-id") {
+		// An empty id is no id: the ingress gives the request one.
+		if equalFold(name, "x-request-id") && len(value) > 0 {
 			return HasRequestID, nil
 		}
 	case 14:

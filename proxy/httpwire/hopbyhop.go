@@ -161,8 +161,12 @@ func delBytes(h header, name []byte) {
 // StripResponse removes the hop-by-hop headers of an upstream response and
 // reports whether the upstream asked to close its connection. The
 // response's own connection-close flag is cleared: the client connection's
-// fate is not the upstream's to decide.
+// fate is not the upstream's to decide. Its status line carries warden's
+// own version, HTTP/1.1, whatever the upstream's was (RFC 9110 §6.2): the
+// body is framed for the client anew, chunked when its length is unknown,
+// which an "HTTP/1.0" status line would forbid.
 func StripResponse(h *fasthttp.ResponseHeader) (upstreamClose bool) {
+	h.SetProtocol(http11)
 	upstreamClose = h.ConnectionClose()
 	h.ResetConnectionClose()
 	var f Fields
@@ -199,6 +203,8 @@ func StripResponse(h *fasthttp.ResponseHeader) (upstreamClose bool) {
 	h.ResetConnectionClose()
 	return upstreamClose
 }
+
+var http11 = []byte("HTTP/1.1")
 
 // forEachToken calls f for each comma-separated token of a header value,
 // trimmed of whitespace; empty elements are skipped.

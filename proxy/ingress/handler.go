@@ -26,13 +26,30 @@ func (g *Ingress) serve(ctx *fasthttp.RequestCtx) {
 		return
 	}
 	h := &ctx.Request.Header
+	// A refusal is counted under the target the request was for: the run
+	// API's (scheduler) or the worker's.
+	m := g.mount.Load()
+	mounted := m != nil && m.matches(requestPath(h.RequestURI()))
+	target := rt.target
+	if mounted {
+		target = rt.mounted
+	}
 	scan, err := httpwire.ScanRequestHeaders(h.RawHeaders(), rt.tenantHeader)
 	if err == nil && scan.Fields&httpwire.HasHost == 0 && h.IsHTTP11() {
 		err = httpwire.ErrMissingHost
 	}
 	if err != nil {
 		respond.Error(ctx, fasthttp.StatusBadRequest, "request refused: "+err.Error())
-		rt.target.Done(fasthttp.StatusBadRequest, ctx.Time())
+		target.Done(fasthttp.StatusBadRequest, ctx.Time())
+		return
+	}
+	if h.IsConnect() {
+		// A reverse proxy opens no tunnels: passed on, the worker's 2xx
+		// would tell the client its connection is now a tunnel.
+		respond.Error(ctx, fasthttp.StatusMethodNotAllowed, "request refused: CONNECT opens no tunnel through the ingress")
+		ctx.Response.Header.Set(fasthttp.HeaderAllow, "GET, HEAD, POST, PUT, PATCH, DELETE, OPTIONS")
+		ctx.SetConnectionClose()
+		target.Done(fasthttp.StatusMethodNotAllowed, ctx.Time())
 		return
 	}
 	if rt.caps != nil {
@@ -40,7 +57,7 @@ func (g *Ingress) serve(ctx *fasthttp.RequestCtx) {
 		if res := rt.caps.Check(scan.Want, now); !res.Allowed {
 			respond.Tenant(ctx, res, now)
 			g.stats.Reject(res.Control(), "ingress")
-			rt.target.Done(fasthttp.StatusTooManyRequests, ctx.Time())
+			target.Done(fasthttp.StatusTooManyRequests, ctx.Time())
 			return
 		}
 	}
@@ -48,7 +65,7 @@ func (g *Ingress) serve(ctx *fasthttp.RequestCtx) {
 		var id [32]byte
 		h.SetBytesV("X-Request-Id", g.ids.Append(id[:0]))
 	}
-	if m := g.mount.Load(); m != nil && m.matches(requestPath(h.RequestURI())) {
+	if mounted {
 		g.serveMounted(ctx, rt, m)
 		return
 	}

@@ -142,8 +142,13 @@ func TestForwardsAndStripsHopByHop(t *testing.T) {
 	if !strings.Contains(body2, "x-request-id: caller-id\n") || strings.Count(body2, "x-request-id") != 1 {
 		t.Errorf("caller's x-request-id not kept:\n%s", body2)
 	}
-	if n := fasttest.Value(f.gov.Metrics.Requests.WithLabelValues("ingress", "worker", "200")); n != 2 {
-		t.Errorf("warden_requests_total{ingress,worker,200} = %v, want 2", n)
+	// An empty one is none: the request is given one.
+	_, body3 := fasttest.Raw(t, f.addr, "GET / HTTP/1.1\r\nHost: svc\r\nX-Request-Id:\r\nConnection: close\r\n\r\n")
+	if i := strings.Index(string(body3), "x-request-id: "); i < 0 || len(strings.SplitN(string(body3)[i+len("x-request-id: "):], "\n", 2)[0]) != 32 || strings.Count(string(body3), "x-request-id") != 1 {
+		t.Errorf("an empty x-request-id was not replaced by one of warden's:\n%s", body3)
+	}
+	if n := fasttest.Value(f.gov.Metrics.Requests.WithLabelValues("ingress", "worker", "200")); n != 3 {
+		t.Errorf("warden_requests_total{ingress,worker,200} = %v, want 3", n)
 	}
 }
 
@@ -432,9 +437,15 @@ func TestMount(t *testing.T) {
 	if st, b := post("/v1/runsx", ""); st != 200 || b != "worker" {
 		t.Fatalf("/v1/runsx went to %d %s", st, b)
 	}
-	// The tenant cap applies to the run API like to everything else.
+	// The tenant cap applies to the run API like to everything else, and
+	// its refusal is counted under the run API's target.
 	if st, b := post("/v1/runs/abc", ""); st != 429 || !strings.Contains(b, "tenant_rate") {
 		t.Fatalf("third request: %d %s", st, b)
+	}
+	for target, want := range map[string]float64{"scheduler": 1, "worker": 0} {
+		if n := fasttest.Value(f.gov.Metrics.Requests.WithLabelValues("ingress", target, "429")); n != want {
+			t.Errorf("warden_requests_total{ingress,%s,429} = %v, want %v", target, n, want)
+		}
 	}
 }
 
@@ -695,5 +706,47 @@ func TestRequestTrailersDropped(t *testing.T) {
 	}
 	if !strings.Contains(string(body), "content-length: 3") {
 		t.Errorf("the body did not go on with its length:\n%s", body)
+	}
+}
+
+// TestWorkersVersionNotPassedOn: the status line carries warden's HTTP/1.1
+// whatever the worker's version. A close-delimited HTTP/1.0 answer goes to
+// an HTTP/1.1 client chunked, which an "HTTP/1.0" status line would forbid:
+// the client would read the chunk framing as the body.
+func TestWorkersVersionNotPassedOn(t *testing.T) {
+	for _, version := range []string{"HTTP/1.0", "HTTP/1.1"} {
+		t.Run(version, func(t *testing.T) {
+			f := startAt(t, "", loopback.Serve(t, func(c net.Conn) {
+				br := bufio.NewReader(c)
+				for {
+					if l, err := br.ReadString('\n'); err != nil || l == "\r\n" {
+						break
+					}
+				}
+				io.WriteString(c, version+" 200 OK\r\nContent-Type: text/plain\r\n\r\nclose-delimited body") // ends when the worker closes
+			}))
+			head := fasttest.RawHead(t, f.addr, "GET / HTTP/1.1\r\nHost: w\r\nConnection: close\r\n\r\n")
+			if !strings.HasPrefix(head, "HTTP/1.1 200") {
+				t.Fatalf("status line of the answer to an HTTP/1.1 client:\n%s", head)
+			}
+			resp, got := fasttest.Raw(t, f.addr, "GET / HTTP/1.1\r\nHost: w\r\nConnection: close\r\n\r\n")
+			if resp.StatusCode != 200 || string(got) != "close-delimited body" {
+				t.Fatalf("status %d, body %q", resp.StatusCode, got)
+			}
+		})
+	}
+}
+
+// TestConnectRefused: the ingress is a reverse proxy and opens no tunnels.
+// Passed on, the worker's 2xx would tell the client that its connection
+// had become one.
+func TestConnectRefused(t *testing.T) {
+	f := start(t, "", func(ctx *fasthttp.RequestCtx) { ctx.WriteString("worker") })
+	resp, _ := fasttest.Raw(t, f.addr, "CONNECT evil.example:443 HTTP/1.1\r\nHost: evil.example:443\r\n\r\n")
+	if resp.StatusCode != 405 || resp.Header.Get("Allow") == "" || !resp.Close {
+		t.Fatalf("CONNECT at the ingress: %d %v (close %v), want 405 with Allow, closing", resp.StatusCode, resp.Header, resp.Close)
+	}
+	if n := len(f.worker.Paths()); n != 0 {
+		t.Fatalf("the worker received %d requests", n)
 	}
 }
