@@ -14,6 +14,18 @@ import (
 // idleTimeout closes client keep-alive connections idle this long.
 const idleTimeout = 90 * time.Second
 
+// HeaderTimeout bounds reading a request's head, from its first byte (on a
+// new connection, from the connection): nginx's client_header_timeout. A
+// client that sends part of a head and stalls gets 408 then; one that
+// sends nothing on a new connection is closed. The body is not bounded
+// here: a streamed upload may take as long as it takes (the egress
+// target's timeout bounds its requests).
+const HeaderTimeout = 60 * time.Second
+
+// bodyTimeout replaces HeaderTimeout once the head is read: the read
+// deadline then only guards against a connection nobody closes.
+const bodyTimeout = 24 * time.Hour
+
 // ProxyServer returns a fasthttp server configured to pass messages on
 // rather than to originate them: bodies streamed (StreamRequestBody), no
 // Server, Date or default Content-Type added (no Name either: fasthttp
@@ -36,6 +48,10 @@ func ProxyServer(h fasthttp.RequestHandler, refuse func(ctx *fasthttp.RequestCtx
 		},
 		ReadBufferSize:               8 << 10,
 		IdleTimeout:                  idleTimeout,
+		ReadTimeout:                  HeaderTimeout,
+		HeaderReceived: func(*fasthttp.RequestHeader) fasthttp.RequestConfig {
+			return fasthttp.RequestConfig{ReadTimeout: bodyTimeout}
+		},
 		StreamRequestBody:            true,
 		DisablePreParseMultipartForm: true,
 		NoDefaultServerHeader:        true,

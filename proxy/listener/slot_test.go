@@ -500,3 +500,58 @@ func TestProxyServerAddsNoServerHeader(t *testing.T) {
 		t.Fatalf("a Server header was added:\n%s", head)
 	}
 }
+
+// A head sent in part and then stalled gets 408 once the header timeout
+// passes; a body slower than that timeout still passes whole, since the
+// timeout bounds the head alone.
+func TestHeaderTimeout(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := ProxyServer(func(ctx *fasthttp.RequestCtx) {
+		b, err := io.ReadAll(ctx.RequestBodyStream())
+		if err != nil {
+			ctx.Error(err.Error(), 500)
+			return
+		}
+		ctx.Write(b)
+	}, nil, slog.New(slog.DiscardHandler))
+	if s.ReadTimeout != HeaderTimeout || s.HeaderReceived == nil {
+		t.Fatalf("ReadTimeout %v (HeaderReceived set: %v), want %v lifted once the head is read", s.ReadTimeout, s.HeaderReceived != nil, HeaderTimeout)
+	}
+	const short = 200 * time.Millisecond
+	s.ReadTimeout = short // HeaderTimeout, shortened for the test
+	done := make(chan struct{})
+	go func() { defer close(done); _ = s.Serve(ln) }()
+	defer func() { _ = s.Shutdown(); _ = ln.Close(); <-done }()
+
+	dial := func() (net.Conn, *bufio.Reader) {
+		c, err := net.Dial("tcp", ln.Addr().String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close() })
+		_ = c.SetDeadline(time.Now().Add(10 * time.Second))
+		return c, bufio.NewReader(c)
+	}
+	stalled, br := dial()
+	io.WriteString(stalled, "GET / HTTP/1.1\r\nHost: a\r\n")
+	resp, err := http.ReadResponse(br, nil)
+	if err != nil || resp.StatusCode != http.StatusRequestTimeout {
+		t.Fatalf("stalled head: %v %v, want 408", resp, err)
+	}
+
+	slow, br := dial()
+	io.WriteString(slow, "POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 4\r\n\r\nab")
+	time.Sleep(2 * short) // the body dawdles past the header timeout
+	io.WriteString(slow, "cd")
+	resp, err = http.ReadResponse(br, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != 200 || string(body) != "abcd" {
+		t.Fatalf("slow body: %d %q, want 200 abcd", resp.StatusCode, body)
+	}
+}
