@@ -46,9 +46,9 @@ func ProxyServer(h fasthttp.RequestHandler, refuse func(ctx *fasthttp.RequestCtx
 		ErrorHandler: func(ctx *fasthttp.RequestCtx, err error) {
 			refuse(ctx, parseErrorStatus(err), "malformed request: "+err.Error())
 		},
-		ReadBufferSize:               8 << 10,
-		IdleTimeout:                  idleTimeout,
-		ReadTimeout:                  HeaderTimeout,
+		ReadBufferSize: 8 << 10,
+		IdleTimeout:    idleTimeout,
+		ReadTimeout:    HeaderTimeout,
 		HeaderReceived: func(*fasthttp.RequestHeader) fasthttp.RequestConfig {
 			return fasthttp.RequestConfig{ReadTimeout: bodyTimeout}
 		},
