@@ -51,8 +51,9 @@ func DefaultPort(scheme []byte) string {
 // AppendHostPort appends the normalised form of an authority (host[:port])
 // to dst: host in lower case, IPv6 literals in brackets and in their
 // canonical spelling, the port without leading zeros, and defaultPort
-// filled in when the authority has none. Two spellings of one host and
-// port ("h:080", "[0:0::1]") thus name the same target. It returns the
+// filled in when the authority has none, and a fully qualified name's
+// final dot dropped. Two spellings of one host and port ("h:080",
+// "[0:0::1]", "h.") thus name the same target. It returns the
 // extended dst and the length of the host part within the appended bytes.
 // ok is false for anything that is not a plain host (a user-info part, an
 // empty host, bad characters, a port that is not 1-65535).
@@ -93,6 +94,14 @@ func AppendHostPort(dst, authority []byte, defaultPort string) (out []byte, host
 		}
 		for _, c := range host {
 			if !isHostByte(c) {
+				return dst[:start], 0, false
+			}
+		}
+		// "api.example.com." is "api.example.com" spelled as an absolute
+		// name: without this it would miss its target's controls.
+		if host[len(host)-1] == '.' {
+			host = host[:len(host)-1]
+			if len(host) == 0 || host[len(host)-1] == '.' {
 				return dst[:start], 0, false
 			}
 		}

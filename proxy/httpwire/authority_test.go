@@ -51,6 +51,10 @@ func TestAppendHostPort(t *testing.T) {
 		{"h.test:0000080", true, "h.test:80", "h.test"},
 		{"h.test:00", false, "", ""},
 		{"svc_name.internal", true, "svc_name.internal:80", "svc_name.internal"},
+		{"API.stripe.com.:443", true, "api.stripe.com:443", "api.stripe.com"},
+		{"localhost.", true, "localhost:80", "localhost"},
+		{".", false, "", ""},
+		{"h..:80", false, "", ""},
 		{"user@host", false, "", ""},
 		{"host:", false, "", ""},
 		{"host:0", false, "", ""},
@@ -113,8 +117,9 @@ func FuzzAuthority(f *testing.F) {
 			t.Fatalf("%q accepted but net/url refuses it: %v", authority, err)
 		}
 		// The same host and port, spelled canonically: an IPv6 literal in
-		// its canonical form, the port without leading zeros.
-		urlHost := u.Hostname()
+		// its canonical form, the port without leading zeros, a name
+		// without its final dot.
+		urlHost := strings.TrimSuffix(u.Hostname(), ".")
 		if a, err := netip.ParseAddr(urlHost); err == nil && a.Is6() {
 			urlHost = a.String()
 		}
