@@ -57,8 +57,12 @@ func ProxyServer(h fasthttp.RequestHandler, refuse func(ctx *fasthttp.RequestCtx
 		NoDefaultServerHeader:        true,
 		NoDefaultDate:                true,
 		NoDefaultContentType:         true,
-		CloseOnShutdown:              true,
-		Logger:                       slog.NewLogLogger(log.Handler(), slog.LevelDebug),
+		// Parse errors quote no request bytes: the 400 would echo the
+		// client's head back (credentials included) and the debug log
+		// would keep it.
+		SecureErrorLogMessage: true,
+		CloseOnShutdown:       true,
+		Logger:                slog.NewLogLogger(log.Handler(), slog.LevelDebug),
 	}
 }
 

@@ -555,3 +555,22 @@ func TestHeaderTimeout(t *testing.T) {
 		t.Fatalf("slow body: %d %q, want 200 abcd", resp.StatusCode, body)
 	}
 }
+
+// A request fasthttp cannot parse is refused without quoting it: the
+// answer (and the debug log) would otherwise carry the client's head,
+// credentials included.
+func TestParseErrorQuotesNoRequest(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := ProxyServer(func(ctx *fasthttp.RequestCtx) { ctx.WriteString("ok") }, nil, slog.New(slog.DiscardHandler))
+	done := make(chan struct{})
+	go func() { defer close(done); _ = s.Serve(ln) }()
+	defer func() { _ = s.Shutdown(); _ = ln.Close(); <-done }()
+	resp, body := fasttest.Raw(t, ln.Addr().String(),
+		"POST / HTTP/1.1\r\nHost: a\r\nAuthorization: Bearer S3CRET\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\nab")
+	if resp.StatusCode != 400 || strings.Contains(string(body), "S3CRET") {
+		t.Fatalf("%d %s: want 400 without the request's bytes", resp.StatusCode, body)
+	}
+}
