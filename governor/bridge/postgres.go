@@ -2,6 +2,7 @@ package bridge
 
 import (
 	"bufio"
+	"bytes"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -115,11 +116,19 @@ func (b *bridge) serveCachedLogin(c *net.TCPConn, cio net.Conn, g *generation, p
 	s.key, s.cancel, s.ct = key, cancel, ct
 	first = append(first, early...)
 	if conn.Reused() {
-		s.adopt(conn.Payload.(*welcome))
+		kept := conn.Payload.(*welcome)
+		s.adopt(kept)
+		if !bytes.Equal(kept.params, w.params) {
+			// The client was told another connection's settings: it is
+			// told this one's before anything else reaches it.
+			if _, err := cio.Write(kept.params); err != nil {
+				s.end(causeClientGone)
+			}
+		}
 		s.run(nil, first)
 		return
 	}
-	s.quiet = true
+	s.quiet, s.told = true, w.params
 	s.run(pkt, first)
 }
 
@@ -296,6 +305,12 @@ func (s *session) login() error {
 				if s.key != "" {
 					s.g.logins.put(s.key, w)
 				}
+			}
+			if s.quiet && !bytes.Equal(w.params, s.told) {
+				// The server's settings changed since the login the
+				// client was answered with (ALTER ROLE/DATABASE ... SET):
+				// it is told the ones in force, as a server reports a SET.
+				out = append(out, w.params...)
 			}
 			s.welcome.Store(w)
 			if s.retire(1) == 0 {

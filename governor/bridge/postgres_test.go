@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"fmt"
 	"net"
+	"net/url"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -367,5 +368,77 @@ func TestCleanSessionsReuseConnections(t *testing.T) {
 	c := h.connect("reuse", "someone-else")
 	if got := pidOf(c); got == first {
 		t.Fatal("a different login was lent the kept connection")
+	}
+}
+
+// A client answered from the login cache is told the settings the server
+// connection it gets is really using: after ALTER ROLE ... SET, a new
+// connection's differ from the cached answer, and a kept connection's may
+// differ from a newer one. A client told standard_conforming_strings or
+// DateStyle wrongly escapes strings or reads dates wrongly.
+func TestCachedLoginToldTheConnectionsSettings(t *testing.T) {
+	h := newHarness(t, clock.Real{}, nil).withPostgres()
+	h.mustApply(h.pgBridge("settings"))
+	ctx := context.Background()
+	d := h.direct()
+	role := fmt.Sprintf("bridge_settings_%d", time.Now().UnixNano())
+	if _, err := d.Exec(ctx, "CREATE ROLE "+role+" LOGIN SUPERUSER"); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		c, err := pgx.Connect(context.Background(), h.pgURL)
+		if err == nil {
+			_, _ = c.Exec(context.Background(), "DROP ROLE IF EXISTS "+role)
+			c.Close(context.Background())
+		}
+	})
+	host, port, _ := net.SplitHostPort(h.addr("settings"))
+	connect := func() *pgx.Conn {
+		c, err := pgx.Connect(ctx, fmt.Sprintf("postgres://%s@%s/%s?sslmode=disable&application_name=settings",
+			role, net.JoinHostPort(host, port), url.PathEscape(h.db)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close(context.Background()) })
+		return c
+	}
+	// told is what the client believes after a statement; real what the
+	// server uses.
+	consistent := func(name string, c *pgx.Conn) string {
+		t.Helper()
+		var real string
+		if err := c.QueryRow(ctx, "SHOW DateStyle").Scan(&real); err != nil {
+			t.Fatal(err)
+		}
+		if told := c.PgConn().ParameterStatus("DateStyle"); told != real {
+			t.Fatalf("%s: told DateStyle %q, the server uses %q", name, told, real)
+		}
+		return real
+	}
+	a := connect()
+	before := consistent("a", a)
+	after := "SQL, DMY"
+	if before == after {
+		after = "Postgres, DMY"
+	}
+	a.Close(ctx)
+	h.waitFor("settings", "a's connection kept", func(s Snapshot) bool { return s.Kept == 1 })
+	if _, err := d.Exec(ctx, "ALTER ROLE "+role+" SET DateStyle = '"+after+"'"); err != nil {
+		t.Fatal(err)
+	}
+	b := connect() // answered from the cache, lent a's connection
+	if got := consistent("b", b); got != before {
+		t.Fatalf("b on a kept connection uses %q", got)
+	}
+	c := connect() // answered from the cache, on a new connection
+	if got := consistent("c", c); got != after {
+		t.Fatalf("c on a new connection uses %q", got)
+	}
+	c.Close(ctx) // the cache now answers with c's settings
+	h.waitFor("settings", "c's connection kept", func(s Snapshot) bool { return s.Kept == 1 })
+	b.Close(ctx)
+	h.waitFor("settings", "both kept", func(s Snapshot) bool { return s.Kept == 2 })
+	for _, name := range []string{"d", "e"} {
+		consistent(name, connect()) // lent one or the other
 	}
 }

@@ -86,6 +86,7 @@ type session struct {
 	cancel string        // the client's cancel key, published in the bridge
 	ct     *cancelTarget // where it leads
 	quiet  bool          // the client was answered from the login cache: log in without relaying
+	told   []byte        // quiet: the ParameterStatus messages the client was answered with
 	// Set once by the login (or before the loops start, for a reused
 	// connection), read when the client terminates.
 	trusted atomic.Bool             // the server admitted this login without asking for a password
