@@ -67,7 +67,8 @@ type Scan struct {
 // Transfer-Encoding, a repeated or non-numeric Content-Length, any
 // Transfer-Encoding but a single "chunked", obsolete line folding, lines
 // not ended by CRLF, header names that are not tokens, control characters
-// in values, and a repeated Host.
+// in values, a repeated Host, and a repeated want header (a request names
+// one tenant).
 func ScanRequestHeaders(raw []byte, want string) (Scan, error) {
 	var s Scan
 	b := raw
@@ -106,7 +107,12 @@ func ScanRequestHeaders(raw []byte, want string) (Scan, error) {
 			return s, err
 		}
 		s.Fields |= f
-		if want != "" && s.Fields&HasWant == 0 && len(name) == len(want) && equalFold(name, want) {
+		if want != "" && len(name) == len(want) && equalFold(name, want) {
+			if s.Fields&HasWant != 0 {
+				// The cap would count the first, and the upstream might
+				// read the last, or both joined.
+				return s, &FramingError{"more than one " + want + " header"}
+			}
 			s.Fields |= HasWant
 			s.Want = value
 		}

@@ -52,13 +52,14 @@ func TestScanRequestHeaders(t *testing.T) {
 			nil, HasConnection | HasKeepAlive | HasTE | HasTrailer | HasUpgrade | HasProxy | HasExpect, ""},
 		{"ids", "X-Request-Id: r\r\nIdempotency-Key: k\r\n\r\n", nil, HasRequestID | HasIdempotencyKey, ""},
 		{"empty idempotency key", "Idempotency-Key: \r\n\r\n", nil, 0, ""},
-		{"want", "X-Tenant-Id:  acme \r\nx-tenant-id: other\r\n\r\n", nil, HasWant, "acme"},
+		{"want", "X-Tenant-Id:  acme \r\n\r\n", nil, HasWant, "acme"},
+		{"two wants", "X-Tenant-Id: acme\r\nx-tenant-id: other\r\n\r\n", errDuplicateWant, 0, ""},
 		{"empty", "", nil, 0, ""},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			s, err := ScanRequestHeaders([]byte(tc.raw), "x-tenant-id")
-			if !errors.Is(err, tc.err) {
+			if (err == nil) != (tc.err == nil) || err != nil && err.Error() != tc.err.Error() {
 				t.Fatalf("err = %v, want %v", err, tc.err)
 			}
 			if err != nil {
@@ -85,7 +86,7 @@ func referenceScan(raw string) error {
 	}
 	lines := strings.Split(strings.TrimSuffix(raw, "\r\n"), "\r\n")
 	cl, te := 0, 0
-	hosts := 0
+	hosts, wants := 0, 0
 	for i, line := range lines {
 		if line == "" {
 			if i != len(lines)-1 {
@@ -136,6 +137,11 @@ func referenceScan(raw string) error {
 			if hosts > 1 {
 				return ErrDuplicateHost
 			}
+		case "x-tenant-id":
+			wants++
+			if wants > 1 {
+				return errDuplicateWant
+			}
 		}
 	}
 	if cl > 0 && te > 0 {
@@ -184,3 +190,7 @@ func BenchmarkScanRequestHeaders(b *testing.B) {
 		}
 	}
 }
+
+// errDuplicateWant stands for ScanRequestHeaders' error for a repeated
+// want header, whose text names the header.
+var errDuplicateWant = errors.New("more than one x-tenant-id header")

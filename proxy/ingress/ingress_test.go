@@ -750,3 +750,17 @@ func TestConnectRefused(t *testing.T) {
 		t.Fatalf("the worker received %d requests", n)
 	}
 }
+
+// TestTwoTenantHeadersRefused: a request names one tenant. With two tenant
+// headers the cap would count the first while the worker might read the
+// last (or both joined), so the request is refused before either.
+func TestTwoTenantHeadersRefused(t *testing.T) {
+	f := start(t, "  tenant: { rate: 5, window: 60 }", func(ctx *fasthttp.RequestCtx) { ctx.WriteString("worker") })
+	resp, body := fasttest.Raw(t, f.addr, "GET / HTTP/1.1\r\nHost: w\r\nX-Tenant-Id: someone-else\r\nX-Tenant-Id: capped\r\n\r\n")
+	if resp.StatusCode != 400 || !strings.Contains(string(body), "more than one x-tenant-id header") {
+		t.Fatalf("%d %s, want 400 naming the header", resp.StatusCode, body)
+	}
+	if n := len(f.worker.Paths()); n != 0 {
+		t.Fatalf("the worker received %d requests", n)
+	}
+}
