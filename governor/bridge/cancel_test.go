@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -173,4 +174,24 @@ func waitUntil(t *testing.T, what string, limit time.Duration, cond func() bool)
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
+}
+
+// A server that accepts a new connection but never finishes its login
+// does not hold the slot for ever: after the startup timeout the client
+// gets 08006 naming the server, and the slot is free.
+func TestUpstreamLoginTimeout(t *testing.T) {
+	h := newHarness(t, clock.Real{}, nil).withPostgres()
+	h.set.opts.StartupTimeout = 300 * time.Millisecond
+	mute := loopback.Serve(t, func(c net.Conn) { _, _ = io.Copy(io.Discard, c) })
+	h.mustApply(h.pgBridge("mute", func(b *policy.Bridge) { b.Upstream = mute; b.MaxConnections = 1 }))
+	r := h.dialRaw("mute")
+	r.fe.Send(&pgproto3.StartupMessage{ProtocolVersion: pgproto3.ProtocolVersionNumber,
+		Parameters: map[string]string{"user": h.user, "database": h.db, "application_name": "mute"}})
+	if err := r.fe.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	if e := r.fatal("08006"); !strings.Contains(e.Message, mute) {
+		t.Fatalf("message %q does not name the server", e.Message)
+	}
+	h.waitFor("mute", "the slot freed", func(s Snapshot) bool { return s.Live == 0 })
 }

@@ -43,6 +43,7 @@ const (
 	causeRunEnded             // reaped: the bound run reached a final state
 	causeRemoved              // the bridge left the policy
 	causeShutdown             // warden is shutting down
+	causeLoginTimeout         // the upstream did not finish a new connection's login in time
 )
 
 // reapReason is the reason a cause is counted under ("" if it is no reap).
@@ -70,7 +71,7 @@ func (c cause) reapReason() string {
 // session, or a client that terminated itself, leaves nothing to stop.
 func (c cause) abandonsStatement() bool {
 	switch c {
-	case causeNone, causeClientDone, causeReuse, causeServerClosed, causeServerProtocol:
+	case causeNone, causeClientDone, causeReuse, causeServerClosed, causeServerProtocol, causeLoginTimeout:
 		return false
 	}
 	return true
@@ -99,6 +100,8 @@ func (s *session) farewell(c cause) []byte {
 		return fatal("08P01", fmt.Sprintf("bridge %s: protocol violation: %v", name, s.detail()), "")
 	case causeServerProtocol:
 		return fatal("08P01", fmt.Sprintf("bridge %s: upstream protocol violation: %v", name, s.detail()), "")
+	case causeLoginTimeout:
+		return fatal("08006", fmt.Sprintf("bridge %s: the server at %s did not complete the login within %s", name, cfg.Upstream, s.b.set.opts.StartupTimeout), "")
 	}
 	return nil
 }

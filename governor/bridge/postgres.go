@@ -9,6 +9,7 @@ import (
 	"io"
 	"maps"
 	"net"
+	"os"
 	"slices"
 	"strconv"
 	"strings"
@@ -346,6 +347,8 @@ func (s *session) loginFailed(err error) {
 		s.end(s.clientLost())
 	case errors.Is(err, errPasswordNow):
 		s.fail(causeLoginChanged, err)
+	case errors.Is(err, os.ErrDeadlineExceeded):
+		s.end(causeLoginTimeout)
 	default:
 		s.end(causeServerClosed) // a refused login: the server said why and closed
 	}

@@ -325,7 +325,15 @@ func (s *session) clientLost() cause {
 func (s *session) serverToClient() {
 	defer s.sayGoodbye()
 	if s.pg && !s.up.Reused() && s.welcome.Load() == nil {
-		if err := s.login(); err != nil {
+		// A server that takes the connection but never finishes the login
+		// would hold the slot for ever (PgBouncer: server_connect_timeout):
+		// it gets the time a client gets to start.
+		_ = s.upNet.SetReadDeadline(time.Now().Add(s.b.set.opts.StartupTimeout))
+		err := s.login()
+		if err == nil {
+			err = s.upNet.SetReadDeadline(time.Time{})
+		}
+		if err != nil {
 			s.loginFailed(err)
 			return
 		}
