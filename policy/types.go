@@ -73,6 +73,7 @@ type Backend struct {
 type Ingress struct {
 	Listen  string           `yaml:"listen" check:"required,listen"`
 	Worker  string           `yaml:"worker" check:"required,url=http|https"`
+	Timeout time.Duration    `yaml:"timeout"` // 0: the worker's answer is not bounded
 	Tenant  *TenantCap       `yaml:"tenant"`
 	Tenants map[string]Limit `yaml:"tenants"`
 }

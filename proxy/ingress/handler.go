@@ -180,13 +180,23 @@ func (g *Ingress) forward(ctx *fasthttp.RequestCtx, rt *policyState, f httpwire.
 	x := exchanges.Get().(*exchange)
 	x.target, x.start = rt.target, ctx.Time()
 	x.req.Header = h
+	if rt.timeout > 0 {
+		x.req.Deadline = x.start.Add(rt.timeout)
+	}
 	// A wait for a worker connection ends when the client hangs up, not
 	// when a drain begins: in-flight requests finish within the grace.
 	x.wait.Reset(ctx.Conn(), g.opts.Clock, time.Time{})
 	x.req.Wait = &x.wait
 	if _, err := x.body.Prepare(ctx, &x.req, 0); err != nil {
-		respond.Error(ctx, fasthttp.StatusBadRequest, err.Error())
-		x.code = fasthttp.StatusBadRequest
+		if errors.Is(err, forward.ErrBodyTimeout) {
+			// ingress.timeout passed before the body had arrived.
+			x.code = respond.Upstream(ctx, "worker", &connpool.Error{Kind: connpool.KindTimeout, Op: "read the request for",
+				Addr: "worker", Err: errors.New("ingress.timeout passed before the request could be sent")})
+			g.stats.Reject(respond.ControlTimeout, "worker")
+		} else {
+			respond.Error(ctx, fasthttp.StatusBadRequest, err.Error())
+			x.code = fasthttp.StatusBadRequest
+		}
 		x.done()
 		return
 	}

@@ -64,6 +64,7 @@ type policyState struct {
 	caps         *tenant.Caps
 	tenantHeader string
 	worker       *connpool.Pool
+	timeout      time.Duration // ingress.timeout (0: none)
 	target       *stats.Target // the worker's metric children
 	mounted      *stats.Target // the run API's metric children
 }
@@ -154,6 +155,7 @@ func (g *Ingress) build(c *governor.Controls) (*policyState, error) {
 	rt := &policyState{
 		caps:    c.IngressCaps,
 		worker:  worker,
+		timeout: c.Policy.Ingress.Timeout,
 		target:  g.stats.Target("worker"),
 		mounted: g.stats.Target("scheduler"),
 	}

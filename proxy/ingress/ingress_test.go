@@ -764,3 +764,27 @@ func TestTwoTenantHeadersRefused(t *testing.T) {
 		t.Fatalf("the worker received %d requests", n)
 	}
 }
+
+// TestWorkerTimeout: with ingress.timeout a worker that does not answer
+// in time gets the caller a 504 timeout, counted as a timeout rejection;
+// without it the exchange is not bounded.
+func TestWorkerTimeout(t *testing.T) {
+	release := make(chan struct{})
+	defer close(release)
+	f := start(t, "  timeout: 200ms", func(ctx *fasthttp.RequestCtx) {
+		if string(ctx.Path()) == "/slow" {
+			<-release
+		}
+		ctx.WriteString("worker")
+	})
+	resp, body := fasttest.Raw(t, f.addr, "GET /slow HTTP/1.1\r\nHost: w\r\nConnection: close\r\n\r\n")
+	if resp.StatusCode != 504 || resp.Header.Get("X-Warden-Control") != "timeout" {
+		t.Fatalf("%d %v %s, want 504 timeout", resp.StatusCode, resp.Header, body)
+	}
+	if n := fasttest.Value(f.gov.Metrics.Rejections.WithLabelValues("timeout", "worker")); n != 1 {
+		t.Errorf("rejections{timeout,worker} = %v, want 1", n)
+	}
+	if resp, _ := fasttest.Raw(t, f.addr, "GET /fast HTTP/1.1\r\nHost: w\r\nConnection: close\r\n\r\n"); resp.StatusCode != 200 {
+		t.Errorf("a prompt answer: %d", resp.StatusCode)
+	}
+}
