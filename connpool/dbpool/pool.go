@@ -165,17 +165,41 @@ type Stats struct {
 	OldestWait time.Duration // how long the head of the queue has waited
 }
 
-// Stats reports the pool's state at now.
+// Stats reports the pool's state at now. Kept connections the server has
+// closed meanwhile (pg_terminate_backend, a restart) are dropped first, so
+// that they are not reported (and held) as live: without an idle_timeout
+// or max_lifetime nothing else would notice them before they are next
+// lent. It peeks at each kept connection, which costs one system call each.
 func (p *Pool) Stats(now time.Time) Stats {
 	p.mu.Lock()
-	defer p.mu.Unlock()
+	dead := p.dropDeadLocked()
 	st := Stats{Max: p.cfg.Max, Live: p.live, Kept: p.idle.Len(), Waiting: p.waiters.Len()}
 	if e := p.waiters.Front(); e != nil {
 		if d := now.Sub(e.Value.(*waiter).since); d > 0 {
 			st.OldestWait = d
 		}
 	}
+	p.mu.Unlock()
+	closeAll(dead)
 	return st
+}
+
+// dropDeadLocked takes the kept connections that are no longer fit to lend
+// off the list and frees their slots; the caller closes them.
+func (p *Pool) dropDeadLocked() []*Conn {
+	var dead []*Conn
+	for e := p.idle.Front(); e != nil; {
+		next := e.Next()
+		if c := e.Value.(*Conn); !alive(c.nc) {
+			dead = append(dead, p.unkeepLocked(c))
+			p.live--
+		}
+		e = next
+	}
+	if len(dead) > 0 {
+		p.dispatchLocked()
+	}
+	return dead
 }
 
 func closeAll(cs []*Conn) {

@@ -328,6 +328,27 @@ func TestDeadKeptConnectionIsRedialed(t *testing.T) {
 	}
 }
 
+// A kept connection the server closed is not reported, or held, as live.
+func TestDeadKeptConnectionIsNotCounted(t *testing.T) {
+	u := newUpstream(t)
+	p := newPool(t, u, clock.Real{}, 2)
+	a := mustAcquire(t, p, "k")
+	b := mustAcquire(t, p, "k")
+	p.Put(a)
+	p.Put(b)
+	if st := p.Stats(time.Now()); st.Live != 2 || st.Kept != 2 {
+		t.Fatalf("before: %+v", st)
+	}
+	u.nth(t, 0).Close()
+	deadline := time.Now().Add(5 * time.Second)
+	for alive(a.nc) && time.Now().Before(deadline) {
+		time.Sleep(time.Millisecond)
+	}
+	if st := p.Stats(time.Now()); st.Live != 1 || st.Kept != 1 {
+		t.Fatalf("after the server closed one: %+v, want 1 live and kept", st)
+	}
+}
+
 func TestCloseAndDrain(t *testing.T) {
 	u := newUpstream(t)
 	clk := clock.NewFake(time.Unix(1000, 0))
