@@ -77,6 +77,11 @@ func (g *Governor) refreshBreakerGauges() {
 		return
 	}
 	for name, t := range c.Targets {
+		if !t.Breaker.Enabled() {
+			// No breaker, no gauge (a reload may have disabled it).
+			g.m.BreakerState.DeleteLabelValues(name)
+			continue
+		}
 		g.m.BreakerState.WithLabelValues(name).Set(float64(t.Breaker.State()))
 	}
 }

@@ -2,6 +2,7 @@ package governor
 
 import (
 	"fmt"
+	"slices"
 	"testing"
 	"time"
 
@@ -265,5 +266,55 @@ func TestPoolCountGaugeFollowsTheWindow(t *testing.T) {
 	clk.Advance(2 * time.Second)
 	if got := gauge(); got != 0 {
 		t.Fatalf("after the window ended the gauge reads %v, want 0", got)
+	}
+}
+
+// A target whose breaker is not enabled has no breaker to report: listed
+// as "closed" in /v1/breakers, or as 0 in warden_breaker_state, it could
+// not be told from a working one. A reload that disables one removes it.
+func TestDisabledBreakerIsNotReported(t *testing.T) {
+	clk := clock.NewFake(time.Unix(0, 0))
+	m := metrics.New()
+	g := New(clk, m, window.NewMemory(clk))
+	const pol = `version: 1
+egress: { http_listen: 127.0.0.1:0 }
+targets:
+  - { name: guarded, hosts: [g.example], circuit_breaker: { enabled: %s } }
+  - { name: plain, hosts: [p.example] }
+`
+	gauges := func() []string {
+		fams, err := m.Gather()
+		if err != nil {
+			t.Fatal(err)
+		}
+		var got []string
+		for _, f := range fams {
+			if f.GetName() == "warden_breaker_state" {
+				for _, mt := range f.GetMetric() {
+					got = append(got, mt.GetLabel()[0].GetValue())
+				}
+			}
+		}
+		return got
+	}
+	tests := []struct {
+		enabled string
+		want    []string
+	}{
+		{"true", []string{"guarded"}},
+		{"false", nil},
+	}
+	for _, tc := range tests {
+		c := g.Apply(mustParse(t, fmt.Sprintf(pol, tc.enabled)))
+		var listed []string
+		for _, s := range c.BreakerSnapshots() {
+			listed = append(listed, s.Target)
+		}
+		if !slices.Equal(listed, tc.want) {
+			t.Errorf("enabled %s: /v1/breakers lists %v, want %v", tc.enabled, listed, tc.want)
+		}
+		if got := gauges(); !slices.Equal(got, tc.want) {
+			t.Errorf("enabled %s: warden_breaker_state for %v, want %v", tc.enabled, got, tc.want)
+		}
 	}
 }

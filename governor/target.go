@@ -53,11 +53,17 @@ func (g *Governor) buildTarget(t policy.Target, prev, leader *Target, pools *poo
 	return nt
 }
 
-// BreakerSnapshots lists every target's breaker for GET /v1/breakers.
+// BreakerSnapshots lists every target's breaker for GET /v1/breakers. A
+// target whose breaker is not enabled has none to list: shown "closed", it
+// could not be told from one that works.
 func (c *Controls) BreakerSnapshots() []breaker.Snapshot {
 	out := make([]breaker.Snapshot, 0, len(c.Policy.Targets))
 	for _, t := range c.Policy.Targets {
-		s := c.Targets[t.Name].Breaker.Snapshot()
+		b := c.Targets[t.Name].Breaker
+		if !b.Enabled() {
+			continue
+		}
+		s := b.Snapshot()
 		// A shared breaker carries its first target's name; each row
 		// names its own target.
 		s.Target = t.Name
