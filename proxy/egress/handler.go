@@ -26,6 +26,10 @@ func (e *Egress) serve(ctx *fasthttp.RequestCtx) {
 		return
 	}
 	h := &ctx.Request.Header
+	if !httpwire.SupportedVersion(h.Protocol()) {
+		e.refuse(ctx, fasthttp.StatusHTTPVersionNotSupported, "request refused: "+strconv.Quote(string(h.Protocol()))+" is not HTTP/1.x")
+		return
+	}
 	scan, err := httpwire.ScanRequestHeaders(h.RawHeaders(), tb.tenantHeader)
 	if err != nil {
 		e.refuse(ctx, fasthttp.StatusBadRequest, "request refused: "+err.Error())

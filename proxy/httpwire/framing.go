@@ -278,3 +278,11 @@ func validValueSlow(v []byte) bool {
 	}
 	return true
 }
+
+// SupportedVersion reports whether a request line's version is one an
+// HTTP/1.1 proxy can pass on: HTTP/1.x. fasthttp reads "HTTP/2.0" (which
+// needs no Host) or "HTTP/3.0" in a request line as it would "HTTP/1.0";
+// RFC 9110 §15.6.6 answers them 505.
+func SupportedVersion(proto []byte) bool {
+	return len(proto) == len("HTTP/1.1") && string(proto[:len("HTTP/1.")]) == "HTTP/1." && '0' <= proto[7] && proto[7] <= '9'
+}

@@ -34,6 +34,12 @@ func (g *Ingress) serve(ctx *fasthttp.RequestCtx) {
 	if mounted {
 		target = rt.mounted
 	}
+	if !httpwire.SupportedVersion(h.Protocol()) {
+		respond.Error(ctx, fasthttp.StatusHTTPVersionNotSupported, "request refused: "+strconv.Quote(string(h.Protocol()))+" is not HTTP/1.x")
+		ctx.SetConnectionClose()
+		target.Done(fasthttp.StatusHTTPVersionNotSupported, ctx.Time())
+		return
+	}
 	scan, err := httpwire.ScanRequestHeaders(h.RawHeaders(), rt.tenantHeader)
 	if err == nil && scan.Fields&httpwire.HasHost == 0 && h.IsHTTP11() {
 		err = httpwire.ErrMissingHost

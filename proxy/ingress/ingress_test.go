@@ -788,3 +788,26 @@ func TestWorkerTimeout(t *testing.T) {
 		t.Errorf("a prompt answer: %d", resp.StatusCode)
 	}
 }
+
+// TestVersionNotHTTP1Refused: a request line's version other than HTTP/1.x
+// gets 505; fasthttp would read it as HTTP/1.0 and the worker receive it
+// verbatim (HTTP/2.0 needs no Host).
+func TestVersionNotHTTP1Refused(t *testing.T) {
+	f := start(t, "", func(ctx *fasthttp.RequestCtx) { ctx.WriteString("worker") })
+	for _, tc := range []struct {
+		line string
+		code int
+	}{
+		{"GET / HTTP/2.0", 505},
+		{"GET / HTTP/3.0", 505},
+		{"GET / HTTP/1.0", 200},
+	} {
+		resp, _ := fasttest.Raw(t, f.addr, tc.line+"\r\nHost: w\r\nConnection: close\r\n\r\n")
+		if resp.StatusCode != tc.code {
+			t.Errorf("%s: %d, want %d", tc.line, resp.StatusCode, tc.code)
+		}
+	}
+	if n := len(f.worker.Paths()); n != 1 {
+		t.Errorf("the worker received %d requests, want 1", n)
+	}
+}
