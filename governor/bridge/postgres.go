@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgproto3"
+	"github.com/warden-dev/warden/connpool/dbpool"
 	"github.com/warden-dev/warden/internal/rawio"
 )
 
@@ -107,29 +108,33 @@ func (b *bridge) serveCachedLogin(c *net.TCPConn, cio net.Conn, g *generation, p
 		_ = c.Close()
 		return
 	}
-	conn, early, err := b.acquire(c, g, key, nil)
-	if err != nil {
-		b.withdrawCancelKey(cancel)
-		b.refuseAcquire(c, g, "", err)
-		return
+	var conn *dbpool.Conn
+	for {
+		var early []byte
+		conn, early, err = b.acquire(c, g, key, nil)
+		if err != nil {
+			b.withdrawCancelKey(cancel)
+			b.refuseAcquire(c, g, "", err)
+			return
+		}
+		first = append(first, early...)
+		if !conn.Reused() || bytes.Equal(conn.Payload.(*welcome).params, w.params) {
+			break
+		}
+		// A kept connection made before the server's settings for this
+		// login changed (ALTER ROLE/DATABASE ... SET) would run the
+		// client's statements under settings it was not told: closed,
+		// it makes room for one that has them.
+		conn.Close()
 	}
 	s := b.newSession(g, c, conn, true)
 	s.key, s.cancel, s.ct = key, cancel, ct
-	first = append(first, early...)
 	if conn.Reused() {
-		kept := conn.Payload.(*welcome)
-		s.adopt(kept)
-		if !bytes.Equal(kept.params, w.params) {
-			// The client was told another connection's settings: it is
-			// told this one's before anything else reaches it.
-			if _, err := cio.Write(kept.params); err != nil {
-				s.end(causeClientGone)
-			}
-		}
+		s.adopt(conn.Payload.(*welcome))
 		s.run(nil, first)
 		return
 	}
-	s.quiet, s.told = true, w.params
+	s.quiet, s.told, s.loggedIn = true, w.params, make(chan struct{})
 	s.run(pkt, first)
 }
 
@@ -185,6 +190,9 @@ type clientError struct{ error }
 
 // errPasswordNow is a cached login the server now challenges.
 var errPasswordNow = errors.New("the server now asks this login for a password")
+
+// errSettingsChanged is a cached login whose server settings changed.
+var errSettingsChanged = errors.New("the server's settings for this login changed since it was answered (ALTER ROLE/DATABASE ... SET)")
 
 // peekFrame returns the next whole server message in br without consuming
 // it (valid until the next read or Discard). A message too large for br is
@@ -309,9 +317,9 @@ func (s *session) login() error {
 			}
 			if s.quiet && !bytes.Equal(w.params, s.told) {
 				// The server's settings changed since the login the
-				// client was answered with (ALTER ROLE/DATABASE ... SET):
-				// it is told the ones in force, as a server reports a SET.
-				out = append(out, w.params...)
+				// client was answered with: its statements were written
+				// for the settings it was told. The cache now has these.
+				return errSettingsChanged
 			}
 			s.welcome.Store(w)
 			if s.retire(1) == 0 {
@@ -345,7 +353,7 @@ func (s *session) loginFailed(err error) {
 		s.fail(causeServerProtocol, pe.error)
 	case errors.As(err, &ce):
 		s.end(s.clientLost())
-	case errors.Is(err, errPasswordNow):
+	case errors.Is(err, errPasswordNow), errors.Is(err, errSettingsChanged):
 		s.fail(causeLoginChanged, err)
 	case errors.Is(err, os.ErrDeadlineExceeded):
 		s.end(causeLoginTimeout)

@@ -371,11 +371,14 @@ func TestCleanSessionsReuseConnections(t *testing.T) {
 	}
 }
 
-// A client answered from the login cache is told the settings the server
-// connection it gets is really using: after ALTER ROLE ... SET, a new
-// connection's differ from the cached answer, and a kept connection's may
-// differ from a newer one. A client told standard_conforming_strings or
-// DateStyle wrongly escapes strings or reads dates wrongly.
+// A client answered from the login cache never has a statement run under
+// server settings other than those it was told (a client told
+// standard_conforming_strings on escapes strings for it). After ALTER ROLE
+// ... SET, a kept connection made before is closed rather than lent to a
+// client told the new settings; a client told the old ones whose new
+// connection has the new ones gets a FATAL asking it to reconnect, before
+// its first statement reaches the server, and the cache answers with the
+// new settings from then on.
 func TestCachedLoginToldTheConnectionsSettings(t *testing.T) {
 	h := newHarness(t, clock.Real{}, nil).withPostgres()
 	h.mustApply(h.pgBridge("settings"))
@@ -392,6 +395,10 @@ func TestCachedLoginToldTheConnectionsSettings(t *testing.T) {
 			c.Close(context.Background())
 		}
 	})
+	table := h.table()
+	if _, err := d.Exec(ctx, "GRANT ALL ON "+table+" TO "+role); err != nil {
+		t.Fatal(err)
+	}
 	host, port, _ := net.SplitHostPort(h.addr("settings"))
 	connect := func() *pgx.Conn {
 		c, err := pgx.Connect(ctx, fmt.Sprintf("postgres://%s@%s/%s?sslmode=disable&application_name=settings",
@@ -402,13 +409,11 @@ func TestCachedLoginToldTheConnectionsSettings(t *testing.T) {
 		t.Cleanup(func() { c.Close(context.Background()) })
 		return c
 	}
-	// told is what the client believes after a statement; real what the
-	// server uses.
-	consistent := func(name string, c *pgx.Conn) string {
+	dateStyle := func(name string, c *pgx.Conn) string {
 		t.Helper()
 		var real string
 		if err := c.QueryRow(ctx, "SHOW DateStyle").Scan(&real); err != nil {
-			t.Fatal(err)
+			t.Fatalf("%s: %v", name, err)
 		}
 		if told := c.PgConn().ParameterStatus("DateStyle"); told != real {
 			t.Fatalf("%s: told DateStyle %q, the server uses %q", name, told, real)
@@ -416,29 +421,43 @@ func TestCachedLoginToldTheConnectionsSettings(t *testing.T) {
 		return real
 	}
 	a := connect()
-	before := consistent("a", a)
+	before := dateStyle("a", a)
 	after := "SQL, DMY"
 	if before == after {
 		after = "Postgres, DMY"
 	}
+	b := connect() // a second connection, so that two are kept
+	dateStyle("b", b)
 	a.Close(ctx)
-	h.waitFor("settings", "a's connection kept", func(s Snapshot) bool { return s.Kept == 1 })
+	b.Close(ctx)
+	h.waitFor("settings", "two connections kept", func(s Snapshot) bool { return s.Kept == 2 })
 	if _, err := d.Exec(ctx, "ALTER ROLE "+role+" SET DateStyle = '"+after+"'"); err != nil {
 		t.Fatal(err)
 	}
-	b := connect() // answered from the cache, lent a's connection
-	if got := consistent("b", b); got != before {
-		t.Fatalf("b on a kept connection uses %q", got)
+	c := connect() // told the old settings; the kept connections have them
+	if got := dateStyle("c", c); got != before {
+		t.Fatalf("c on a kept connection uses %q", got)
 	}
-	c := connect() // answered from the cache, on a new connection
-	if got := consistent("c", c); got != after {
-		t.Fatalf("c on a new connection uses %q", got)
+	if got := dateStyle("c2", connect()); got != before {
+		t.Fatalf("c2 on a kept connection uses %q", got)
 	}
-	c.Close(ctx) // the cache now answers with c's settings
-	h.waitFor("settings", "c's connection kept", func(s Snapshot) bool { return s.Kept == 1 })
-	b.Close(ctx)
-	h.waitFor("settings", "both kept", func(s Snapshot) bool { return s.Kept == 2 })
-	for _, name := range []string{"d", "e"} {
-		consistent(name, connect()) // lent one or the other
+	// Told the old settings too, but no kept connection is free: a new
+	// one, with the new settings. Its first statement must not run.
+	e := connect()
+	if _, err := e.Exec(ctx, "INSERT INTO "+table+" VALUES (1)"); pgCode(err) != "28000" || !strings.Contains(err.Error(), "reconnect") {
+		t.Fatalf("first statement on a connection with other settings than told: %v, want 28000 asking to reconnect", err)
+	}
+	var n int
+	if err := d.QueryRow(ctx, "SELECT count(*) FROM "+table).Scan(&n); err != nil || n != 0 {
+		t.Fatalf("the refused statement ran: %d rows (%v)", n, err)
+	}
+	if got := dateStyle("f", connect()); got != after { // told the new ones now
+		t.Fatalf("after reconnecting: %q", got)
+	}
+	c.Close(ctx) // kept, with the old settings
+	// Told the new settings: the kept connection with the old ones is
+	// closed rather than lent.
+	if got := dateStyle("g", connect()); got != after {
+		t.Fatalf("g uses %q", got)
 	}
 }

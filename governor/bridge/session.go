@@ -87,6 +87,10 @@ type session struct {
 	ct     *cancelTarget // where it leads
 	quiet  bool          // the client was answered from the login cache: log in without relaying
 	told   []byte        // quiet: the ParameterStatus messages the client was answered with
+	// quiet: closed once the login is over; the client's bytes wait for
+	// it, to reach the server only if its settings are the ones told.
+	loggedIn chan struct{}
+	held     []byte // quiet: what the client sent before the session began
 	// Set once by the login (or before the loops start, for a reused
 	// connection), read when the client terminates.
 	trusted atomic.Bool             // the server admitted this login without asking for a password
@@ -136,7 +140,11 @@ func (s *session) run(startup, early []byte) {
 		}
 	}
 	if len(early) > 0 && s.endCause() == causeNone {
-		s.forwardClient(early)
+		if s.loggedIn != nil {
+			s.held = early
+		} else {
+			s.forwardClient(early)
+		}
 	}
 	s.rearm(now)
 	if s.runEnded != nil {
@@ -225,6 +233,12 @@ func (s *session) finish() {
 // clientToServer copies client bytes upstream until the client leaves or the
 // session ends; after the end it only drains what the client still sends.
 func (s *session) clientToServer() {
+	if s.loggedIn != nil {
+		<-s.loggedIn
+		if len(s.held) > 0 && s.endCause() == causeNone && !s.forwardClient(s.held) {
+			return
+		}
+	}
 	buf := s.bufs.c2s
 	for {
 		n, err := s.clIO.Read(buf)
@@ -335,6 +349,11 @@ func (s *session) serverToClient() {
 		}
 		if err != nil {
 			s.loginFailed(err)
+		}
+		if s.loggedIn != nil {
+			close(s.loggedIn) // after loginFailed, which ends the session
+		}
+		if err != nil {
 			return
 		}
 	}
