@@ -10,7 +10,6 @@ import (
 	"github.com/valyala/fasthttp"
 
 	"github.com/warden-dev/warden/connpool"
-	"github.com/warden-dev/warden/proxy/clientwait"
 	"github.com/warden-dev/warden/proxy/forward"
 	"github.com/warden-dev/warden/proxy/httpwire"
 	"github.com/warden-dev/warden/proxy/respond"
@@ -34,8 +33,8 @@ func (g *Ingress) serve(ctx *fasthttp.RequestCtx) {
 	if mounted {
 		target = rt.mounted
 	}
-	if !httpwire.SupportedVersion(h.Protocol()) {
-		respond.Error(ctx, fasthttp.StatusHTTPVersionNotSupported, "request refused: "+strconv.Quote(string(h.Protocol()))+" is not HTTP/1.x")
+	if err := httpwire.CheckVersion(h.Protocol()); err != nil {
+		respond.Error(ctx, fasthttp.StatusHTTPVersionNotSupported, "request refused: "+err.Error())
 		ctx.SetConnectionClose()
 		target.Done(fasthttp.StatusHTTPVersionNotSupported, ctx.Time())
 		return
@@ -151,7 +150,6 @@ func requestPath(uri []byte) []byte {
 type exchange struct {
 	body   forward.Body
 	req    connpool.Request
-	wait   clientwait.Wait
 	target *stats.Target
 	start  time.Time
 	code   int
@@ -163,7 +161,6 @@ var exchanges = sync.Pool{New: func() any { return new(exchange) }}
 func (x *exchange) Finish(error) { x.done() }
 
 func (x *exchange) done() {
-	x.wait.End()
 	x.target.Done(x.code, x.start)
 	x.body.Release()
 	x.req = connpool.Request{}
@@ -189,10 +186,8 @@ func (g *Ingress) forward(ctx *fasthttp.RequestCtx, rt *policyState, f httpwire.
 	if rt.timeout > 0 {
 		x.req.Deadline = x.start.Add(rt.timeout)
 	}
-	// A wait for a worker connection ends when the client hangs up, not
-	// when a drain begins: in-flight requests finish within the grace.
-	x.wait.Reset(ctx.Conn(), g.opts.Clock, time.Time{})
-	x.req.Wait = &x.wait
+	// The worker's pool has no max_connections, so the request never
+	// waits for a connection and needs no x.req.Wait.
 	if _, err := x.body.Prepare(ctx, &x.req, 0); err != nil {
 		if errors.Is(err, forward.ErrBodyTimeout) {
 			// ingress.timeout passed before the body had arrived.
@@ -208,11 +203,7 @@ func (g *Ingress) forward(ctx *fasthttp.RequestCtx, rt *policyState, f httpwire.
 	}
 	streamed, err := rt.worker.Do(&x.req, &ctx.Response, x)
 	if err != nil {
-		if connpool.KindOf(err) == connpool.KindClient && x.wait.ClientGone() {
-			// Nobody to answer, and nothing was sent to the worker.
-			ctx.SetConnectionClose()
-			x.code = clientwait.StatusGone
-		} else if connpool.KindOf(err) == connpool.KindClient {
+		if connpool.KindOf(err) == connpool.KindClient {
 			respond.Error(ctx, fasthttp.StatusBadRequest, err.Error())
 			x.code = fasthttp.StatusBadRequest
 		} else {
