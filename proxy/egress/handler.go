@@ -26,8 +26,8 @@ func (e *Egress) serve(ctx *fasthttp.RequestCtx) {
 		return
 	}
 	h := &ctx.Request.Header
-	if !httpwire.SupportedVersion(h.Protocol()) {
-		e.refuse(ctx, fasthttp.StatusHTTPVersionNotSupported, "request refused: "+strconv.Quote(string(h.Protocol()))+" is not HTTP/1.x")
+	if err := httpwire.CheckVersion(h.Protocol()); err != nil {
+		e.refuse(ctx, fasthttp.StatusHTTPVersionNotSupported, "request refused: "+err.Error())
 		return
 	}
 	scan, err := httpwire.ScanRequestHeaders(h.RawHeaders(), tb.tenantHeader)

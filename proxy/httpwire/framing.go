@@ -1,6 +1,10 @@
 package httpwire
 
-import "bytes"
+import (
+	"bytes"
+	"errors"
+	"strconv"
+)
 
 // FramingError is why a request was refused before it was forwarded. The
 // proxies answer it with 400 and close the connection: a request whose
@@ -279,10 +283,13 @@ func validValueSlow(v []byte) bool {
 	return true
 }
 
-// SupportedVersion reports whether a request line's version is one an
-// HTTP/1.1 proxy can pass on: HTTP/1.x. fasthttp reads "HTTP/2.0" (which
+// CheckVersion refuses a request line's version that an HTTP/1.1 proxy
+// cannot pass on: anything but HTTP/1.x. fasthttp reads "HTTP/2.0" (which
 // needs no Host) or "HTTP/3.0" in a request line as it would "HTTP/1.0";
-// RFC 9110 §15.6.6 answers them 505.
-func SupportedVersion(proto []byte) bool {
-	return len(proto) == len("HTTP/1.1") && string(proto[:len("HTTP/1.")]) == "HTTP/1." && '0' <= proto[7] && proto[7] <= '9'
+// RFC 9110 §15.6.6 answers them 505, which the caller sends.
+func CheckVersion(proto []byte) error {
+	if len(proto) == len("HTTP/1.1") && string(proto[:len("HTTP/1.")]) == "HTTP/1." && '0' <= proto[7] && proto[7] <= '9' {
+		return nil
+	}
+	return errors.New(strconv.Quote(string(proto)) + " is not HTTP/1.x")
 }

@@ -195,13 +195,13 @@ func BenchmarkScanRequestHeaders(b *testing.B) {
 // want header, whose text names the header.
 var errDuplicateWant = errors.New("more than one x-tenant-id header")
 
-func TestSupportedVersion(t *testing.T) {
+func TestCheckVersion(t *testing.T) {
 	for proto, want := range map[string]bool{
 		"HTTP/1.1": true, "HTTP/1.0": true, "HTTP/1.2": true,
 		"HTTP/2.0": false, "HTTP/3": false, "HTTP/0.9": false, "HTTP/1.": false, "HTTP/1.x": false, "": false, "HTTP/11.1": false,
 	} {
-		if got := SupportedVersion([]byte(proto)); got != want {
-			t.Errorf("SupportedVersion(%q) = %v, want %v", proto, got, want)
+		if got := CheckVersion([]byte(proto)) == nil; got != want {
+			t.Errorf("CheckVersion(%q) accepts: %v, want %v", proto, got, want)
 		}
 	}
 }
