@@ -165,29 +165,28 @@ type Stats struct {
 	OldestWait time.Duration // how long the head of the queue has waited
 }
 
-// Stats reports the pool's state at now. Kept connections the server has
-// closed meanwhile (pg_terminate_backend, a restart) are dropped first, so
-// that they are not reported (and held) as live: without an idle_timeout
-// or max_lifetime nothing else would notice them before they are next
-// lent. It peeks at each kept connection, which costs one system call each.
+// Stats reports the pool's state at now.
 func (p *Pool) Stats(now time.Time) Stats {
 	p.mu.Lock()
-	dead := p.dropDeadLocked()
+	defer p.mu.Unlock()
 	st := Stats{Max: p.cfg.Max, Live: p.live, Kept: p.idle.Len(), Waiting: p.waiters.Len()}
 	if e := p.waiters.Front(); e != nil {
 		if d := now.Sub(e.Value.(*waiter).since); d > 0 {
 			st.OldestWait = d
 		}
 	}
-	p.mu.Unlock()
-	closeAll(dead)
 	return st
 }
 
-// dropDeadLocked takes the kept connections that are no longer fit to lend
-// off the list and frees their slots; the caller closes them.
-func (p *Pool) dropDeadLocked() []*Conn {
+// DropDead closes the kept connections the server has closed meanwhile
+// (pg_terminate_backend, a restart) and frees their slots: without an
+// idle_timeout or max_lifetime nothing else would notice them before they
+// are next lent, and they would count as live. It peeks at each kept
+// connection, one system call each, so callers run it where the pool is
+// looked at (/v1/bridges, a metrics scrape), not per session.
+func (p *Pool) DropDead() {
 	var dead []*Conn
+	p.mu.Lock()
 	for e := p.idle.Front(); e != nil; {
 		next := e.Next()
 		if c := e.Value.(*Conn); !alive(c.nc) {
@@ -199,7 +198,8 @@ func (p *Pool) dropDeadLocked() []*Conn {
 	if len(dead) > 0 {
 		p.dispatchLocked()
 	}
-	return dead
+	p.mu.Unlock()
+	closeAll(dead)
 }
 
 func closeAll(cs []*Conn) {

@@ -344,6 +344,7 @@ func TestDeadKeptConnectionIsNotCounted(t *testing.T) {
 	for alive(a.nc) && time.Now().Before(deadline) {
 		time.Sleep(time.Millisecond)
 	}
+	p.DropDead()
 	if st := p.Stats(time.Now()); st.Live != 1 || st.Kept != 1 {
 		t.Fatalf("after the server closed one: %+v, want 1 live and kept", st)
 	}

@@ -155,6 +155,7 @@ func (b *bridge) prunePoolsLocked() []*dbpool.Pool {
 	now := b.set.clk.Now()
 	kept := b.pools[:0]
 	for _, p := range b.pools {
+		p.DropDead()
 		if st := p.Stats(now); p == b.gen.pool || st.Live > 0 || st.Waiting > 0 {
 			kept = append(kept, p)
 		}

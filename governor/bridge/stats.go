@@ -82,6 +82,7 @@ func (b *bridge) snapshot(now time.Time) Snapshot {
 	b.mu.Unlock()
 	var oldest time.Duration
 	for _, p := range pools {
+		p.DropDead()
 		st := p.Stats(now)
 		snap.Live += st.Live
 		idle += st.Kept
