@@ -90,7 +90,6 @@ type session struct {
 	// quiet: closed once the login is over; the client's bytes wait for
 	// it, to reach the server only if its settings are the ones told.
 	loggedIn chan struct{}
-	held     []byte // quiet: what the client sent before the session began
 	// Set once by the login (or before the loops start, for a reused
 	// connection), read when the client terminates.
 	trusted atomic.Bool             // the server admitted this login without asking for a password
@@ -139,9 +138,10 @@ func (s *session) run(startup, early []byte) {
 			s.end(causeServerClosed)
 		}
 	}
+	var held []byte // quiet: early waits for the login (clientToServer)
 	if len(early) > 0 && s.endCause() == causeNone {
 		if s.loggedIn != nil {
-			s.held = early
+			held = early
 		} else {
 			s.forwardClient(early)
 		}
@@ -155,7 +155,7 @@ func (s *session) run(startup, early []byte) {
 		defer close(s2c)
 		s.serverToClient()
 	}()
-	s.clientToServer()
+	s.clientToServer(held)
 	<-s2c
 	close(s.done)
 	s.timerMu.Lock()
@@ -232,10 +232,11 @@ func (s *session) finish() {
 
 // clientToServer copies client bytes upstream until the client leaves or the
 // session ends; after the end it only drains what the client still sends.
-func (s *session) clientToServer() {
+// A quiet session's held bytes go first, once its login checked out.
+func (s *session) clientToServer(held []byte) {
 	if s.loggedIn != nil {
 		<-s.loggedIn
-		if len(s.held) > 0 && s.endCause() == causeNone && !s.forwardClient(s.held) {
+		if len(held) > 0 && s.endCause() == causeNone && !s.forwardClient(held) {
 			return
 		}
 	}
