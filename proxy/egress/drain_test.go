@@ -93,42 +93,56 @@ func TestDrainLetsWaitingRequestsFinish(t *testing.T) {
 	}
 }
 
-// A client that hangs up while its request waits for an upstream
-// connection gives its place back, and its request is never sent: it
-// could be a POST nobody is there to see the answer of.
-func TestClientGoneLeavesTheConnectionWait(t *testing.T) {
-	f, up, open, waiting := waitingFixture(t, false)
-	first := f.goDo("GET", "http://api.test/", nil)
-	defer open()
-	fasttest.WaitFor(t, "one in flight", func() bool { return up.InFlight.Load() == 1 })
-	c, err := net.Dial("tcp", f.addr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := c.Write([]byte("POST http://api.test/gone HTTP/1.1\r\nHost: api.test\r\nContent-Length: 2\r\n\r\nhi")); err != nil {
-		t.Fatal(err)
-	}
-	fasttest.WaitFor(t, "one waiting", func() bool { return waiting() == 1 })
-	c.Close()
-	checks := 0
-	fasttest.WaitFor(t, "the wait to end", func() bool {
-		if waiting() == 0 {
-			return true
-		}
-		if checks < 20 {
-			f.clk.Advance(clientwait.CheckInterval)
-			checks++
-		}
-		return false
-	})
-	open()
-	if r := <-first; r.status != 200 {
-		t.Fatalf("first request got %+v", r)
-	}
-	if n := up.Requests.Load(); n != 1 {
-		t.Fatalf("upstream saw %d requests, want 1: the abandoned one was sent", n)
-	}
-	if n := fasttest.Value(f.gov.Metrics.Requests.WithLabelValues("egress", "api", "499")); n != 1 {
-		t.Errorf("warden_requests_total{code=499} = %v, want 1", n)
+// A client that hangs up while its request waits (for an upstream
+// connection, or in a pool's queue) gives its place back, and its request
+// is never sent: it could be a POST nobody is there to see the answer of,
+// and in a pool it would spend a concurrency and a rate slot on nobody.
+// It is recorded as 499 and counted as no control's refusal.
+func TestClientGoneLeavesItsWait(t *testing.T) {
+	for _, tc := range waits {
+		t.Run(tc.name, func(t *testing.T) {
+			f, up, open, waiting := waitingFixture(t, tc.byPool)
+			first := f.goDo("GET", "http://api.test/", nil)
+			defer open()
+			fasttest.WaitFor(t, "one in flight", func() bool { return up.InFlight.Load() == 1 })
+			c, err := net.Dial("tcp", f.addr)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, err := c.Write([]byte("POST http://api.test/gone HTTP/1.1\r\nHost: api.test\r\nContent-Length: 2\r\n\r\nhi")); err != nil {
+				t.Fatal(err)
+			}
+			fasttest.WaitFor(t, "one waiting", func() bool { return waiting() == 1 })
+			c.Close()
+			// A few checks' worth of fake time, far less than max_wait
+			// or any timeout: the request must leave because its client
+			// did, not because it timed out.
+			checks := 0
+			fasttest.WaitFor(t, "the wait to end", func() bool {
+				if waiting() == 0 {
+					return true
+				}
+				if checks < 20 {
+					f.clk.Advance(clientwait.CheckInterval)
+					checks++
+				}
+				return false
+			})
+			open()
+			if r := <-first; r.status != 200 {
+				t.Fatalf("first request got %+v", r)
+			}
+			if n := up.Requests.Load(); n != 1 {
+				t.Fatalf("upstream saw %d requests, want 1: the abandoned one was sent", n)
+			}
+			if n := fasttest.Value(f.gov.Metrics.Requests.WithLabelValues("egress", "api", "499")); n != 1 {
+				t.Errorf("warden_requests_total{code=499} = %v, want 1", n)
+			}
+			for _, control := range []string{"pool_queue", "pool_concurrency"} {
+				if n := fasttest.Value(f.gov.Metrics.Rejections.WithLabelValues(control, "p")); n != 0 {
+					t.Fatalf("a client that left counted as a %s rejection (%v)", control, n)
+				}
+			}
+		})
 	}
 }

@@ -1,7 +1,6 @@
 package egress
 
 import (
-	"net"
 	"strings"
 	"sync"
 	"testing"
@@ -10,7 +9,6 @@ import (
 	"github.com/valyala/fasthttp"
 
 	"github.com/warden-dev/warden/internal/fasttest"
-	"github.com/warden-dev/warden/proxy/clientwait"
 )
 
 // poolFixture's upstream holds every request until open is called (at the
@@ -145,49 +143,5 @@ func TestTimeoutBoundsPoolWait(t *testing.T) {
 	open()
 	if r := f.do(t, "GET", "http://api.test/", nil); r.status != 200 {
 		t.Fatalf("the breaker counted the wait in warden's own queue: %+v", r)
-	}
-}
-
-// A client that hangs up while its request waits in a pool's queue gives
-// its place back, and its request is never sent: it would spend a
-// concurrency and a rate slot on nobody.
-func TestClientGoneLeavesTheQueue(t *testing.T) {
-	f, up, open := poolFixture(t, "{ concurrency: 1, queue: 5, max_wait: 30s }")
-	first := f.goDo("GET", "http://api.test/", nil)
-	defer open()
-	fasttest.WaitFor(t, "one in flight", func() bool { return up.InFlight.Load() == 1 })
-	c, err := net.Dial("tcp", f.addr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := c.Write([]byte("GET http://api.test/gone HTTP/1.1\r\nHost: api.test\r\n\r\n")); err != nil {
-		t.Fatal(err)
-	}
-	fasttest.WaitFor(t, "one queued", func() bool { return queued(f) == 1 })
-	c.Close()
-	// A few checks' worth of fake time, far less than max_wait: the
-	// request must leave because its client did, not because it timed out.
-	checks := 0
-	fasttest.WaitFor(t, "the queue to empty", func() bool {
-		if queued(f) == 0 {
-			return true
-		}
-		if checks < 20 {
-			f.clk.Advance(clientwait.CheckInterval)
-			checks++
-		}
-		return false
-	})
-	open()
-	if r := <-first; r.status != 200 {
-		t.Fatalf("first request got %+v", r)
-	}
-	if n := up.Requests.Load(); n != 1 {
-		t.Fatalf("upstream saw %d requests, want 1: the abandoned one was sent", n)
-	}
-	for _, control := range []string{"pool_queue", "pool_concurrency"} {
-		if n := fasttest.Value(f.gov.Metrics.Rejections.WithLabelValues(control, "p")); n != 0 {
-			t.Fatalf("a client that left counted as a %s rejection (%v)", control, n)
-		}
 	}
 }

@@ -487,15 +487,8 @@ func TestSlot(t *testing.T) {
 // TestProxyServerAddsNoServerHeader: a response passed on without a Server
 // header goes out without one.
 func TestProxyServerAddsNoServerHeader(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	s := ProxyServer(func(ctx *fasthttp.RequestCtx) { ctx.WriteString("ok") }, nil, slog.New(slog.DiscardHandler))
-	done := make(chan struct{})
-	go func() { defer close(done); _ = s.Serve(ln) }()
-	defer func() { _ = s.Shutdown(); _ = ln.Close(); <-done }()
-	head := fasttest.RawHead(t, ln.Addr().String(), "GET / HTTP/1.1\r\nHost: a\r\n\r\n")
+	addr := serveProxy(t, func(ctx *fasthttp.RequestCtx) { ctx.WriteString("ok") }, nil)
+	head := fasttest.RawHead(t, addr, "GET / HTTP/1.1\r\nHost: a\r\n\r\n")
 	if strings.Contains(strings.ToLower(head), "\nserver:") {
 		t.Fatalf("a Server header was added:\n%s", head)
 	}
@@ -505,29 +498,23 @@ func TestProxyServerAddsNoServerHeader(t *testing.T) {
 // passes; a body slower than that timeout still passes whole, since the
 // timeout bounds the head alone.
 func TestHeaderTimeout(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	s := ProxyServer(func(ctx *fasthttp.RequestCtx) {
+	const short = 200 * time.Millisecond
+	addr := serveProxy(t, func(ctx *fasthttp.RequestCtx) {
 		b, err := io.ReadAll(ctx.RequestBodyStream())
 		if err != nil {
 			ctx.Error(err.Error(), 500)
 			return
 		}
 		ctx.Write(b)
-	}, nil, slog.New(slog.DiscardHandler))
-	if s.ReadTimeout != HeaderTimeout || s.HeaderReceived == nil {
-		t.Fatalf("ReadTimeout %v (HeaderReceived set: %v), want %v lifted once the head is read", s.ReadTimeout, s.HeaderReceived != nil, HeaderTimeout)
-	}
-	const short = 200 * time.Millisecond
-	s.ReadTimeout = short // HeaderTimeout, shortened for the test
-	done := make(chan struct{})
-	go func() { defer close(done); _ = s.Serve(ln) }()
-	defer func() { _ = s.Shutdown(); _ = ln.Close(); <-done }()
+	}, func(s *fasthttp.Server) {
+		if s.ReadTimeout != HeaderTimeout || s.HeaderReceived == nil {
+			t.Fatalf("ReadTimeout %v (HeaderReceived set: %v), want %v lifted once the head is read", s.ReadTimeout, s.HeaderReceived != nil, HeaderTimeout)
+		}
+		s.ReadTimeout = short // HeaderTimeout, shortened for the test
+	})
 
 	dial := func() (net.Conn, *bufio.Reader) {
-		c, err := net.Dial("tcp", ln.Addr().String())
+		c, err := net.Dial("tcp", addr)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -560,17 +547,28 @@ func TestHeaderTimeout(t *testing.T) {
 // answer (and the debug log) would otherwise carry the client's head,
 // credentials included.
 func TestParseErrorQuotesNoRequest(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	s := ProxyServer(func(ctx *fasthttp.RequestCtx) { ctx.WriteString("ok") }, nil, slog.New(slog.DiscardHandler))
-	done := make(chan struct{})
-	go func() { defer close(done); _ = s.Serve(ln) }()
-	defer func() { _ = s.Shutdown(); _ = ln.Close(); <-done }()
-	resp, body := fasttest.Raw(t, ln.Addr().String(),
+	addr := serveProxy(t, func(ctx *fasthttp.RequestCtx) { ctx.WriteString("ok") }, nil)
+	resp, body := fasttest.Raw(t, addr,
 		"POST / HTTP/1.1\r\nHost: a\r\nAuthorization: Bearer S3CRET\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\nab")
 	if resp.StatusCode != 400 || strings.Contains(string(body), "S3CRET") {
 		t.Fatalf("%d %s: want 400 without the request's bytes", resp.StatusCode, body)
 	}
+}
+
+// serveProxy serves h with a ProxyServer on a loopback port until the test
+// ends, and returns its address; adjust, if set, changes the server first.
+func serveProxy(t *testing.T, h fasthttp.RequestHandler, adjust func(*fasthttp.Server)) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := ProxyServer(h, nil, slog.New(slog.DiscardHandler))
+	if adjust != nil {
+		adjust(s)
+	}
+	done := make(chan struct{})
+	go func() { defer close(done); _ = s.Serve(ln) }()
+	t.Cleanup(func() { _ = s.Shutdown(); _ = ln.Close(); <-done })
+	return ln.Addr().String()
 }
