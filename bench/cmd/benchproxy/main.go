@@ -40,7 +40,11 @@ func main() {
 		return
 	}
 	if len(os.Args) > 3 && os.Args[1] == "floor" {
-		serveFloor(os.Args[2], os.Args[3], len(os.Args) > 4 && os.Args[4] == "raw")
+		mode := ""
+		if len(os.Args) > 4 {
+			mode = os.Args[4]
+		}
+		serveFloor(os.Args[2], os.Args[3], mode)
 		return
 	}
 	if len(os.Args) > 3 && os.Args[1] == "relay" {
@@ -88,23 +92,32 @@ func serveUpstream(addr string) {
 // serveFloor is the least a Go proxy on fasthttp can do: a server whose
 // handler passes the request to a HostClient and the response back, with
 // no checks, controls or metrics. Its row shows how much of warden's cost
-// is the runtime and library floor rather than warden's own work. With
-// raw, its sockets read and write as warden's do (internal/rawio), which
-// shows what that alone saves.
-func serveFloor(listen, upstream string, raw bool) {
-	hc := &fasthttp.HostClient{Addr: upstream, MaxIdemponentCallAttempts: 1}
-	if raw {
-		hc.Dial = func(addr string) (net.Conn, error) {
-			c, err := fasthttp.Dial(addr)
-			if err != nil {
-				return nil, err
-			}
-			return rawio.Wrap(c), nil
+// is the runtime and library floor rather than warden's own work. Modes:
+// "raw", its sockets read and write as warden's do (internal/rawio), which
+// shows what that alone saves; "pipelined", raw I/O too, and requests
+// pipelined over pipelineConns upstream connections by fasthttp's
+// PipelineClient, which shows what HTTP/1.1 pipelining to the upstream
+// would be worth (warden does not pipeline: proxy/README.md).
+func serveFloor(listen, upstream, mode string) {
+	raw := mode == "raw" || mode == "pipelined"
+	dial := func(addr string) (net.Conn, error) {
+		c, err := fasthttp.Dial(addr)
+		if err != nil || !raw {
+			return c, err
 		}
+		return rawio.Wrap(c), nil
+	}
+	var do func(*fasthttp.Request, *fasthttp.Response) error
+	if mode == "pipelined" {
+		pc := &fasthttp.PipelineClient{Addr: upstream, MaxConns: pipelineConns, MaxPendingRequests: 1024, Dial: dial}
+		do = pc.Do
+	} else {
+		hc := &fasthttp.HostClient{Addr: upstream, MaxIdemponentCallAttempts: 1, Dial: dial}
+		do = hc.Do
 	}
 	s := &fasthttp.Server{
 		Handler: func(ctx *fasthttp.RequestCtx) {
-			if err := hc.Do(&ctx.Request, &ctx.Response); err != nil {
+			if err := do(&ctx.Request, &ctx.Response); err != nil {
 				ctx.Error(err.Error(), fasthttp.StatusBadGateway)
 			}
 		},
@@ -124,8 +137,15 @@ func serveFloor(listen, upstream string, raw bool) {
 	}
 }
 
+// pipelineConns is the pipelined floor's upstream connections: fewer than
+// the generator's, so that requests queue on each and go out in batches.
+const pipelineConns = 2
+
 // relayRow names the epoll relay's row (serveRelay).
 const relayRow = "epoll relay (TCP)"
+
+// pipelinedRow names the pipelined floor's row (serveFloor).
+const pipelinedRow = "floor, pipelined"
 
 // path is one way to reach the upstream.
 type path struct {
@@ -142,7 +162,7 @@ func run(o options) error {
 	if err := os.MkdirAll(out, 0o755); err != nil {
 		return err
 	}
-	ports := freePorts(12)
+	ports := freePorts(13)
 	upAddr := ports[0]
 	var procs []*proc
 	defer func() {
@@ -199,6 +219,12 @@ func run(o options) error {
 	}
 	procs = append(procs, floorRaw)
 	paths = append(paths, path{name: "floor, raw I/O", addr: ports[10], pid: floorRaw.cmd.Process.Pid})
+	floorPipe, err := start(out, "floor-pipelined", nil, self, "floor", ports[12], upAddr, "pipelined")
+	if err != nil {
+		return err
+	}
+	procs = append(procs, floorPipe)
+	paths = append(paths, path{name: pipelinedRow, addr: ports[12], pid: floorPipe.cmd.Process.Pid})
 	relayPath := path{name: relayRow, addr: ports[11]}
 	if runtime.GOOS != "linux" {
 		relayPath.missing = "needs Linux (epoll)"
@@ -405,6 +431,7 @@ func load(o options, addr string, rate float64) (*loadgen.Result, error) {
 type row struct {
 	rps              float64
 	cpu              time.Duration // the path's process CPU per request at saturation
+	upCPU            time.Duration // the upstream's, in the same run
 	rate             float64       // the half-saturation rate of the latency run
 	p50, p99, p999   time.Duration // at that rate
 	d50, d99, d999   time.Duration // direct, at the same rate, just before
@@ -423,6 +450,7 @@ func measure(o options, out string, paths []path) error {
 	fmt.Println("warden: GOMAXPROCS 2 (rows marked 1P: a second warden with GOMAXPROCS=1); egress with tenant cap, breaker and pool on;")
 	fmt.Println("fasthttp floor: a bare fasthttp server + HostClient proxy, no checks or controls (the Go floor);")
 	fmt.Println("floor, raw I/O: the same with warden's raw socket reads and writes (internal/rawio);")
+	fmt.Printf("floor, pipelined: the same, requests pipelined over %d upstream connections (fasthttp.PipelineClient; warden does not pipeline);\n", pipelineConns)
 	fmt.Println("epoll relay: not HTTP; a TCP relay on one epoll loop per thread, as HAProxy's threads wait (the Go ceiling)")
 	for round := range o.rounds {
 		for i, p := range paths {
@@ -431,10 +459,11 @@ func measure(o options, out string, paths []path) error {
 				results[i] = append(results[i], r)
 				continue
 			}
-			cpu0 := cpuTime(p.pid)
+			cpu0, up0 := cpuTime(p.pid), cpuTime(paths[0].pid)
 			res, err := load(o, p.addr, 0)
 			if err == nil && res.Total > 0 {
 				r.cpu = (cpuTime(p.pid) - cpu0) / time.Duration(res.Total)
+				r.upCPU = (cpuTime(paths[0].pid) - up0) / time.Duration(res.Total)
 			}
 			if err != nil {
 				r.failed, r.err = true, err.Error()
@@ -518,7 +547,7 @@ func us1(d time.Duration) string { return fmt.Sprintf("%.1fµs", float64(d)/1e3)
 
 func render(paths []path, results [][]row) string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "\n%-18s %11s %9s %10s %9s %9s %9s\n", "path", "req/s", "CPU/req", "rate", "+p50", "+p99", "+p99.9")
+	fmt.Fprintf(&b, "\n%-18s %11s %9s %9s %10s %9s %9s %9s\n", "path", "req/s", "CPU/req", "up CPU", "rate", "+p50", "+p99", "+p99.9")
 	rps := map[string]float64{}
 	index := map[string]int{}
 	for i, p := range paths {
@@ -539,10 +568,11 @@ func render(paths []path, results [][]row) string {
 		rps[p.name] = sat
 		c, _ := median(results[i], func(r row) time.Duration { return r.cpu })
 		cpu[p.name] = c
+		upc, _ := median(results[i], func(r row) time.Duration { return r.upCPU })
 		if i == 0 {
 			s50, _ := median(results[i], func(r row) time.Duration { return r.sat50 })
 			s99, _ := median(results[i], func(r row) time.Duration { return r.sat99 })
-			fmt.Fprintf(&b, "%-18s %11.0f %9s %10s %9s %9s %9s   (upstream alone; at saturation p50 %s p99 %s)\n", p.name, sat, us1(c), "-", "-", "-", "-", us(s50), us(s99))
+			fmt.Fprintf(&b, "%-18s %11.0f %9s %9s %10s %9s %9s %9s   (upstream alone; at saturation p50 %s p99 %s)\n", p.name, sat, us1(c), us1(upc), "-", "-", "-", "-", us(s50), us(s99))
 			continue
 		}
 		rate, _ := median(results[i], func(r row) float64 { return r.rate })
@@ -550,14 +580,14 @@ func render(paths []path, results [][]row) string {
 		a99, _ := median(results[i], func(r row) time.Duration { return r.p99 - r.d99 })
 		a999, _ := median(results[i], func(r row) time.Duration { return r.p999 - r.d999 })
 		added99[p.name] = a99
-		fmt.Fprintf(&b, "%-18s %11.0f %9s %10.0f %9s %9s %9s\n", p.name, sat, us1(c), rate, us(a50), us(a99), us(a999))
+		fmt.Fprintf(&b, "%-18s %11.0f %9s %9s %10.0f %9s %9s %9s\n", p.name, sat, us1(c), us1(upc), rate, us(a50), us(a99), us(a999))
 	}
 	b.WriteString("\nreq/s: closed loop at saturation. CPU/req: the proxy process's CPU per request there (for direct, the\n" +
-		"upstream's). +pNN: latency added over the direct path measured at the same rate, half of that path's\n" +
-		"saturation, open loop. Medians over the rounds; \"round by round\" is the median (and range) of the\n" +
-		"throughput ratios taken within each round.\n")
+		"upstream's); up CPU: the upstream's in the same runs. +pNN: latency added over the direct path\n" +
+		"measured at the same rate, half of that path's saturation, open loop. Medians over the rounds;\n" +
+		"\"round by round\" is the median (and range) of the throughput ratios taken within each round.\n")
 	b.WriteString("\nratios (throughput, higher is better; CPU per request, lower is better; added p99):\n")
-	for _, w := range []string{"warden ingress", "warden egress", "warden ingress 1P", "warden egress 1P", "fasthttp floor", "floor, raw I/O", relayRow} {
+	for _, w := range []string{"warden ingress", "warden egress", "warden ingress 1P", "warden egress 1P", "fasthttp floor", "floor, raw I/O", pipelinedRow, relayRow} {
 		for _, base := range []string{"nginx", "haproxy"} {
 			if rps[w] == 0 || rps[base] == 0 {
 				continue
