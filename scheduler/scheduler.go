@@ -93,7 +93,9 @@ type Scheduler struct {
 	waits    map[uint64]clock.Timer // RETRY_WAIT runs and their timers
 	running  int
 	pass     uint64 // admission pass number (definition.skip)
-	draining bool
+	draining bool   // admission has stopped (beginDrain)
+	// stopCalled: stop has begun; draining may come first (StopAdmitting).
+	stopCalled bool
 	// recovering holds admission back while Start rebuilds the queue and
 	// the running set from the store: a run admitted before the runs that
 	// were running are counted would exceed lanes and keys, and one
@@ -238,7 +240,7 @@ func (s *Scheduler) start(ctx context.Context, c *governor.Controls, cfg *config
 	s.sems = map[string]*semaphore{}
 	s.active = map[uint64]*active{}
 	s.waits = map[uint64]clock.Timer{}
-	s.running, s.draining, s.closed, s.started = 0, false, false, true
+	s.running, s.draining, s.stopCalled, s.closed, s.started = 0, false, false, false, true
 	s.recovering = true
 	s.runCtx, s.cancelRuns = context.WithCancel(context.Background())
 	s.stopping.Store(false)
@@ -446,11 +448,20 @@ func (s *Scheduler) Shutdown(ctx context.Context) error {
 	return s.stop(ctx)
 }
 
-func (s *Scheduler) stop(ctx context.Context) error {
+// StopAdmitting begins the drain when warden's shutdown begins: no run is
+// admitted from then on. The ingress that serves the runs API drains before
+// Shutdown is called, and a queue worked off meanwhile would start runs the
+// grace then abandons, to be delivered again after the restart. Workers may
+// still complete and heartbeat the runs they hold, deliveries in flight go
+// on, and runs submitted meanwhile are stored and wait.
+func (s *Scheduler) StopAdmitting() { s.beginDrain() }
+
+// beginDrain stops admission, retry waits and the sweep, once.
+func (s *Scheduler) beginDrain() {
 	s.mu.Lock()
 	if !s.started || s.draining {
 		s.mu.Unlock()
-		return nil
+		return
 	}
 	s.draining = true
 	for _, t := range s.waits {
@@ -470,6 +481,17 @@ func (s *Scheduler) stop(ctx context.Context) error {
 	}
 	s.mu.Unlock()
 	s.log.Info("scheduler draining", "deliveries_in_flight", inFlight)
+}
+
+func (s *Scheduler) stop(ctx context.Context) error {
+	s.mu.Lock()
+	if !s.started || s.stopCalled {
+		s.mu.Unlock()
+		return nil
+	}
+	s.stopCalled = true
+	s.mu.Unlock()
+	s.beginDrain()
 
 	done := make(chan struct{})
 	go func() { s.deliveries.Wait(); close(done) }()

@@ -297,12 +297,17 @@ var errStarting = errors.New("starting: listeners not all bound yet")
 // at once, and the component's Shutdown drains what they had accepted.
 type acceptStopper interface{ StopAccepting() }
 
+// admissionStopper is a component that starts work of its own (the
+// scheduler's runs): StopAdmitting stops that at once, while the listeners
+// that serve it drain; its Shutdown finishes the drain later.
+type admissionStopper interface{ StopAdmitting() }
+
 // shutdown drains warden within shutdown_grace:
 //
 //  1. /readyz answers 503 and reloads are refused from now on.
 //  2. Every listener but admin's stops accepting at once (ingress, egress,
-//     gRPC, RLS, bridges), so that no component keeps taking work while
-//     another one drains.
+//     gRPC, RLS, bridges), and the scheduler stops admitting runs, so that
+//     no component keeps taking or starting work while another one drains.
 //  3. Those components drain together: each finishes what its listeners
 //     accepted (keep-alive connections close after their request) until
 //     the grace ends, then cuts what is left.
@@ -325,6 +330,9 @@ func (a *App) shutdown() error {
 	a.reloadMu.Unlock()
 	var front, back []Component
 	for _, comp := range a.components {
+		if s, ok := comp.(admissionStopper); ok {
+			s.StopAdmitting()
+		}
 		if s, ok := comp.(acceptStopper); ok {
 			s.StopAccepting()
 			front = append(front, comp)

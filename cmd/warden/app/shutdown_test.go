@@ -3,6 +3,7 @@ package app
 import (
 	"bufio"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -244,3 +245,104 @@ func newWorker(t *testing.T) *worker {
 }
 
 func (w *worker) free() { w.once.Do(func() { close(w.release) }) }
+
+// SIGTERM stops admission at once, not after the ingress that serves the
+// runs API has drained: a run queued behind a key, whose key frees while
+// a slow request keeps the ingress draining, is not started (the grace
+// would abandon it and the restart deliver it again); it stays QUEUED.
+func TestShutdownAdmitsNoRun(t *testing.T) {
+	deliveries := make(chan string, 4)
+	w := newWorker(t)
+	finishRun := make(chan struct{})
+	var finishOnce sync.Once
+	free := func() { finishOnce.Do(func() { close(finishRun) }) }
+	worker := httptest.NewServer(http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/slow" {
+			w.entered <- struct{}{}
+			<-w.release
+			_, _ = io.WriteString(rw, "slow")
+			return
+		}
+		deliveries <- r.Header.Get("x-run-id")
+		<-finishRun // the run's work; its 200 completes it
+	}))
+	t.Cleanup(worker.Close)
+	t.Cleanup(free)
+	t.Cleanup(w.free)
+	log, draining := watchLog("draining")
+	in := startAppWith(t, fmt.Sprintf(`version: 1
+shutdown_grace: 30s
+admin: { listen: "127.0.0.1:0" }
+ingress: { listen: "127.0.0.1:0", worker: %q }
+scheduler:
+  lanes: 5
+  store: { kind: memory }
+  definitions:
+    job: { key: "${input.k}", key_concurrency: 1 }
+`, worker.URL), Options{Log: log})
+	base := "http://" + in.ingressAddr()
+	submit := func() string {
+		t.Helper()
+		resp, err := http.Post(base+"/v1/runs", "application/json", strings.NewReader(`{"name":"job","input":{"k":"a"}}`))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		var rc struct{ ID string }
+		if err := json.NewDecoder(resp.Body).Decode(&rc); err != nil || resp.StatusCode != http.StatusAccepted {
+			t.Fatalf("submit: %d %v", resp.StatusCode, err)
+		}
+		return rc.ID
+	}
+	first := submit()
+	if got := await(t, deliveries, 10*time.Second, "delivery of the first run"); got != first {
+		t.Fatalf("delivered %s, want %s", got, first)
+	}
+	submit() // waits for the key
+
+	slow := make(chan string, 1)
+	go func() {
+		resp, err := http.Get(base + "/slow")
+		if err != nil {
+			slow <- err.Error()
+			return
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		slow <- fmt.Sprintf("%d %s", resp.StatusCode, b)
+	}()
+	await(t, w.entered, 10*time.Second, "slow request at the worker")
+	in.cancel() // SIGTERM
+	await(t, draining, 10*time.Second, `"draining" log`)
+
+	free() // the first run completes: its key is free
+	// Before the fix the freed key admitted the second run within
+	// milliseconds; this bounds a wait for what must not happen.
+	select {
+	case id := <-deliveries:
+		t.Errorf("run %s delivered during the drain", id)
+	case <-time.After(time.Second):
+	}
+	var queues []struct {
+		Scope string
+		Depth int
+	}
+	body := getBody(t, "http://"+in.AdminAddr()+"/v1/queues")
+	if err := json.Unmarshal([]byte(body), &queues); err != nil || len(queues) == 0 || queues[0].Depth != 1 {
+		t.Errorf("/v1/queues during the drain: %s (%v), want the second run queued", body, err)
+	}
+	w.free()
+	if got := await(t, slow, 10*time.Second, "answer to the slow request"); got != "200 slow" {
+		t.Errorf("the request in flight at shutdown: %q, want 200 slow", got)
+	}
+	result := make(chan error, 1)
+	go func() { result <- in.result() }()
+	if err := await(t, result, 10*time.Second, "end of the drain"); err != nil {
+		t.Fatalf("shutdown: %v", err)
+	}
+	select {
+	case id := <-deliveries:
+		t.Errorf("run %s delivered during the drain", id)
+	default:
+	}
+}
