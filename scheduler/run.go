@@ -167,13 +167,7 @@ func (s *Scheduler) accepted(a *active) {
 	}
 	s.mu.Unlock()
 	s.leaseSharedPermits(a, now+int64(a.leaseTerm()))
-	if err := s.st.Update(context.Background(), &r, store.Of(store.Starting)); err != nil {
-		if !errors.Is(err, store.ErrConflict) {
-			s.log.Error("record RUNNING", "run", formatID(a.seq), "err", err)
-		}
-		return
-	}
-	s.moved(store.Starting, store.Running)
+	s.write(r, store.Of(store.Starting), "RUNNING", func() { s.moved(store.Starting, store.Running) })
 }
 
 // leaseTerm is how long a permit held by an accepted run lasts without a
@@ -195,13 +189,8 @@ func (s *Scheduler) finish(a *active, st store.Status, output []byte, reason, co
 	s.free(a)
 	from := r.Status
 	r.Status, r.FinishedAt, r.Output, r.Reason, r.Control = st, s.clk.Now().UnixNano(), output, reason, control
-	if err := s.st.Update(context.Background(), &r, store.Of(store.Starting, store.Running)); err != nil {
-		s.log.Error("record run end", "run", formatID(a.seq), "status", st.String(), "err", err)
-		s.ended(a.seq) // over in memory either way: its sessions must go
-		return true
-	}
-	s.moved(from, st)
-	s.ended(a.seq)
+	s.write(r, store.Of(store.Starting, store.Running), "run end ("+st.String()+")", func() { s.moved(from, st) })
+	s.ended(a.seq) // over in memory, whenever the store takes it: its sessions must go
 	return true
 }
 
@@ -230,12 +219,12 @@ func (s *Scheduler) fail(a *active, reason string) bool {
 	s.free(a)
 	from := r.Status
 	r.Status, r.Reason, r.RetryAt = store.RetryWait, reason, s.clk.Now().Add(delay).UnixNano()
-	if err := s.st.Update(context.Background(), &r, store.Of(store.Starting, store.Running)); err != nil {
-		s.log.Error("record RETRY_WAIT", "run", formatID(a.seq), "err", err)
-		return true
-	}
-	s.moved(from, store.RetryWait)
-	s.armRetry(r.Seq, delay)
+	s.write(r, store.Of(store.Starting, store.Running), "RETRY_WAIT", func() {
+		s.moved(from, store.RetryWait)
+		// What is left of the delay: the write may have waited out a
+		// store outage.
+		s.armRetry(r.Seq, max(0, time.Duration(r.RetryAt-s.clk.Now().UnixNano())))
+	})
 	return true
 }
 

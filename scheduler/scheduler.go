@@ -89,8 +89,9 @@ type Scheduler struct {
 	ownStore bool
 	q        *queue
 	sems     map[string]*semaphore
-	active   map[uint64]*active     // admitted runs: STARTING or RUNNING
-	waits    map[uint64]clock.Timer // RETRY_WAIT runs and their timers
+	active   map[uint64]*active       // admitted runs: STARTING or RUNNING
+	waits    map[uint64]clock.Timer   // RETRY_WAIT runs and their timers
+	pending  map[uint64]*pendingWrite // writes the store failed, retried (rewrite.go)
 	running  int
 	pass     uint64 // admission pass number (definition.skip)
 	draining bool   // admission has stopped (beginDrain)
@@ -240,6 +241,7 @@ func (s *Scheduler) start(ctx context.Context, c *governor.Controls, cfg *config
 	s.sems = map[string]*semaphore{}
 	s.active = map[uint64]*active{}
 	s.waits = map[uint64]clock.Timer{}
+	s.pending = map[uint64]*pendingWrite{}
 	s.running, s.draining, s.stopCalled, s.closed, s.started = 0, false, false, false, true
 	s.recovering = true
 	s.runCtx, s.cancelRuns = context.WithCancel(context.Background())
@@ -526,6 +528,11 @@ func (s *Scheduler) stop(ctx context.Context) error {
 			a.timer.Stop()
 		}
 		a.mu.Unlock()
+	}
+	for seq, p := range s.pending {
+		p.timer.Stop()
+		delete(s.pending, seq)
+		s.log.Warn("closed with a run's record not written; the restart recovers the run", "run", formatID(seq), "record", p.what)
 	}
 	s.mu.Unlock()
 	s.calls.Wait()

@@ -3,7 +3,10 @@ package scheduler
 import (
 	"context"
 	"fmt"
+	"io"
+	"net"
 	"net/http"
+	"net/url"
 	"os"
 	"path/filepath"
 	"strings"
@@ -15,6 +18,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/warden-dev/warden/internal/loopback"
+	"github.com/warden-dev/warden/scheduler/store"
 	"github.com/warden-dev/warden/scheduler/store/pgstore"
 	"github.com/warden-dev/warden/scheduler/store/pgstore/pgtest"
 )
@@ -528,4 +533,99 @@ func TestSharedStoreRunsGaugeNeverNegative(t *testing.T) {
 			}
 		}
 	}
+}
+
+// pgRelay stands between a sidecar and Postgres on loopback; cut drops
+// every connection and refuses new ones until mend, as a database restart
+// does.
+type pgRelay struct {
+	mu    sync.Mutex
+	down  bool
+	conns map[net.Conn]struct{}
+}
+
+func newPGRelay(t *testing.T, target string) (*pgRelay, string) {
+	r := &pgRelay{conns: map[net.Conn]struct{}{}}
+	addr := loopback.Serve(t, func(c net.Conn) {
+		r.mu.Lock()
+		if r.down {
+			r.mu.Unlock()
+			return
+		}
+		up, err := net.Dial("tcp", target)
+		if err != nil {
+			r.mu.Unlock()
+			return
+		}
+		r.conns[c], r.conns[up] = struct{}{}, struct{}{}
+		r.mu.Unlock()
+		done := make(chan struct{}, 2)
+		go func() { _, _ = io.Copy(up, c); done <- struct{}{} }()
+		go func() { _, _ = io.Copy(c, up); done <- struct{}{} }()
+		<-done
+		up.Close()
+		c.Close()
+		<-done
+		r.mu.Lock()
+		delete(r.conns, c)
+		delete(r.conns, up)
+		r.mu.Unlock()
+	})
+	return r, addr
+}
+
+func (r *pgRelay) cut() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.down = true
+	for c := range r.conns {
+		c.Close()
+	}
+}
+
+func (r *pgRelay) mend() {
+	r.mu.Lock()
+	r.down = false
+	r.mu.Unlock()
+}
+
+// The shared store goes away while the worker finishes a run (a Postgres
+// restart): the end is written once it is back, so the run leaves its
+// lane and the next run is delivered. Before, the end was logged and
+// dropped, and the row stayed STARTING under the sidecar's renewed lease,
+// holding the fleet's only lane for ever (found by a fleet sweep).
+func TestSharedStoreOutageKeepsTheRunsEnd(t *testing.T) {
+	db := newSharedDB(t)
+	u, err := url.Parse(db.url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	relay, addr := newPGRelay(t, u.Host)
+	u.Host = addr
+	var first atomic.Bool
+	w := newWorker(t, func(delivery) (int, string) {
+		if first.CompareAndSwap(false, true) {
+			relay.cut() // the database restarts while the worker works
+		}
+		return 200, `{"ok":true}`
+	})
+	st, err := pgstore.Open(context.Background(), u.String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { st.Close() })
+	h := newHarness(t, policyYAML(w.srv.URL, "\n  lanes: 1\n  definitions:\n    job: {}", ""), withStore(st), withLease(2*time.Second))
+	id := h.submit(`{"name":"job"}`).ID
+	w.next(t)
+	h.waitUntil("the run's end waits for the store", func(s *Scheduler) bool { return s.pending[mustSeq(id)] != nil })
+	relay.mend()
+	h.waitUntil("the run's end is written", func(s *Scheduler) bool { return s.pending[mustSeq(id)] == nil })
+	if n := db.count(t, fmt.Sprintf("seq = %d AND status = %d", mustSeq(id), store.Completed)); n != 1 {
+		t.Fatalf("run %s not stored COMPLETED after the outage", id)
+	}
+	next := h.submit(`{"name":"job"}`).ID
+	if d := w.next(t); d.id != next {
+		t.Fatalf("delivered %s, want the next run %s through the freed lane", d.id, next)
+	}
+	h.waitStatus(next, "COMPLETED")
 }
