@@ -119,3 +119,36 @@ func TestRecordWrittenAfterStoreOutage(t *testing.T) {
 		})
 	}
 }
+
+// A schedule_to_start timeout the store refuses is written once it is
+// back; it was dropped, leaving the run QUEUED in the store but out of
+// the queue until a restart.
+func TestTimeoutWrittenAfterStoreOutage(t *testing.T) {
+	o := &outage{Memory: store.NewMemory(), refused: make(chan store.Status, 8)}
+	defer o.Close()
+	g := newGates()
+	w := newGatedWorker(t, g)
+	h := newHarness(t, policyYAML(w.srv.URL, `
+  lanes: 1
+  definitions:
+    job: { schedule_to_start_timeout: 30s }`, ""), withStore(o), withFakeClock())
+	first := h.submit(`{"name":"job"}`)
+	w.next(t)
+	second := h.submit(`{"name":"job"}`)
+	o.down.Store(true)
+	h.fake.Advance(30 * time.Second)
+	if st := <-o.refused; st != store.TimedOut {
+		t.Fatalf("refused write of %v", st)
+	}
+	if v := h.get(second.ID); v.Status != "TIMED_OUT" {
+		t.Fatalf("while the store is down the API shows %s, want TIMED_OUT", v.Status)
+	}
+	o.down.Store(false)
+	h.fake.Advance(rewriteFirst)
+	h.waitUntil("the write landed", func(s *Scheduler) bool { return s.pending[mustSeq(second.ID)] == nil })
+	if r, _ := o.Memory.Get(context.Background(), mustSeq(second.ID)); r.Status != store.TimedOut {
+		t.Fatalf("stored %v after the outage, want TIMED_OUT", r.Status)
+	}
+	g.release(first.ID)
+	h.waitStatus(first.ID, "COMPLETED")
+}

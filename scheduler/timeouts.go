@@ -135,19 +135,16 @@ func (s *Scheduler) stsFired(dq *defQueue) {
 	s.mu.Unlock()
 	for _, x := range expired {
 		r, err := s.st.Get(context.Background(), x.seq)
-		if err == nil {
-			if r.Status != store.Queued {
-				continue
-			}
-			r.Status, r.FinishedAt, r.Control = store.TimedOut, now.UnixNano(), ControlTimeout
-			r.Reason = fmt.Sprintf("schedule_to_start_timeout %s exceeded: waited %s, held by %s", d.scheduleToStart, x.waited.Round(time.Millisecond), x.control)
-			err = s.st.Update(context.Background(), &r, store.Of(store.Queued))
-		}
 		if err != nil {
 			s.log.Error("record schedule_to_start timeout", "run", formatID(x.seq), "err", err)
 			continue
 		}
-		s.moved(store.Queued, store.TimedOut)
+		if r.Status != store.Queued {
+			continue
+		}
+		r.Status, r.FinishedAt, r.Control = store.TimedOut, now.UnixNano(), ControlTimeout
+		r.Reason = fmt.Sprintf("schedule_to_start_timeout %s exceeded: waited %s, held by %s", d.scheduleToStart, x.waited.Round(time.Millisecond), x.control)
+		s.write(r, store.Of(store.Queued), "schedule_to_start timeout", func() { s.moved(store.Queued, store.TimedOut) })
 		s.ended(x.seq)
 	}
 }
