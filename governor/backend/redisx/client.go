@@ -16,6 +16,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"sync"
 	"time"
 
@@ -227,6 +228,26 @@ func (c *Client) observe(op string, start time.Time, err error) {
 	if c.errLog.allow(time.Now()) {
 		c.log.Error("shared backend call failed", "op", op, "err", err)
 	}
+}
+
+// probe checks a server known down: first whether its address takes a
+// connection at all, outside the client's pool, then with a PING. go-redis
+// counts every dial its pool fails and, once they reach the pool's size,
+// stops dialling and retries on its own once a second until one succeeds:
+// a probe that pinged a refusing server every ProbeEvery tripped that
+// within a couple of seconds, and a Redis that came back was then noticed
+// up to a second late.
+func (c *Client) probe() error {
+	opt := c.rdb.Options()
+	conn, err := net.DialTimeout(opt.Network, opt.Addr, c.cfg.DialTimeout)
+	if err != nil {
+		if c.m != nil {
+			c.m.BackendErrors.WithLabelValues("ping").Inc()
+		}
+		return err // "dial tcp ADDR: connect: connection refused", as go-redis words it
+	}
+	_ = conn.Close()
+	return c.ping()
 }
 
 func (c *Client) ping() error {

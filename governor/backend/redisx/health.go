@@ -157,7 +157,7 @@ func (h *health) probeLoop() {
 				t.Stop()
 				return
 			}
-			err := h.c.ping()
+			err := h.c.probe()
 			if err == nil {
 				h.recovered()
 				break

@@ -6,6 +6,7 @@ import (
 	"io"
 	"net"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -315,4 +316,91 @@ func TestReadyNamesTheCurrentCause(t *testing.T) {
 		clk.Advance(c.cfg.ProbeEvery)
 		time.Sleep(time.Millisecond)
 	}
+}
+
+// A Redis that comes back after an outage long enough to exhaust
+// go-redis's own dial budget is noticed at the next probe. Probing with
+// PINGs through the pool exhausted it: the pool then answered its last
+// dial error without dialling, retrying only once a second by itself, so
+// the probe after Redis returned still failed.
+func TestProbeSeesRedisBackAtOnce(t *testing.T) {
+	redisAddr := strings.TrimPrefix(strings.TrimSuffix(testenv.RedisURL(t), "/0"), "redis://")
+	addr := loopback.FreeAddr(t) // refuses until the relay below listens on it
+	m := metrics.New()
+	clk := clock.NewFake(time.Now())
+	c, err := Open(Config{URL: "redis://" + addr + "/0"}, clk, m, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if !c.Down() {
+		t.Fatal("a refusing address is not reported down")
+	}
+	failures := func() float64 {
+		var pb dto.Metric
+		_ = m.BackendErrors.WithLabelValues("ping").(prometheus.Metric).Write(&pb)
+		return pb.GetCounter().GetValue()
+	}
+	// armed waits until the probe's timer is armed beside the lease
+	// renewer's, so that an Advance fires exactly one probe.
+	armed := func() {
+		for deadline := time.Now().Add(10 * time.Second); clk.Timers() < 2; time.Sleep(time.Millisecond) {
+			if time.Now().After(deadline) {
+				t.Fatal("the probe never waits for its next turn")
+			}
+		}
+	}
+	// Far more failed probes than the pool has connections.
+	for i := range 3 * (c.cfg.Senders + 8) {
+		armed()
+		before := failures()
+		clk.Advance(c.cfg.ProbeEvery)
+		for deadline := time.Now().Add(10 * time.Second); failures() == before; time.Sleep(time.Millisecond) {
+			if time.Now().After(deadline) {
+				t.Fatalf("probe %d never ran", i+1)
+			}
+		}
+	}
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		t.Skipf("the refusing port was taken meanwhile: %v", err)
+	}
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	var conns []net.Conn
+	defer func() {
+		ln.Close()
+		mu.Lock()
+		for _, c := range conns {
+			c.Close()
+		}
+		mu.Unlock()
+		wg.Wait()
+	}()
+	wg.Go(func() {
+		for {
+			cl, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			up, err := net.Dial("tcp", redisAddr)
+			if err != nil {
+				cl.Close()
+				continue
+			}
+			mu.Lock()
+			conns = append(conns, cl, up)
+			mu.Unlock()
+			wg.Go(func() { _, _ = io.Copy(up, cl); up.Close() })
+			wg.Go(func() { _, _ = io.Copy(cl, up); cl.Close() })
+		}
+	})
+	armed()
+	clk.Advance(c.cfg.ProbeEvery) // one probe, and no other
+	for deadline := time.Now().Add(5 * time.Second); c.Down(); time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("still down after the first probe since Redis came back: %v", c.Ready())
+		}
+	}
+	c.Close() // before the relay, so no connection outlives the test
 }
