@@ -5,6 +5,7 @@ import (
 	"errors"
 	"time"
 
+	"github.com/warden-dev/warden/governor/clock"
 	"github.com/warden-dev/warden/scheduler/store"
 )
 
@@ -26,7 +27,7 @@ type pendingWrite struct {
 	from   store.Statuses // what the stored run may be for the write to apply
 	what   string         // for the log: "RUNNING", "run end", "RETRY_WAIT"
 	landed func()         // after the write lands
-	timer  interface{ Stop() bool }
+	timer  clock.Timer
 }
 
 // write stores r if the stored run is in from, and runs landed once it
@@ -60,6 +61,7 @@ func (s *Scheduler) retryWrite(p *pendingWrite, delay time.Duration) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.closed {
+		s.log.Warn("closed with a run's record not written; the restart recovers the run", "run", formatID(p.r.Seq), "record", p.what)
 		return
 	}
 	if old := s.pending[p.r.Seq]; old != nil && old != p {
