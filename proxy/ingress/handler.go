@@ -24,20 +24,67 @@ func (g *Ingress) serve(ctx *fasthttp.RequestCtx) {
 		respond.Error(ctx, fasthttp.StatusServiceUnavailable, "ingress is not configured")
 		return
 	}
+	// A request that asked before sending its body was checked, and
+	// counted against its tenant, by expect.
+	fields, mounted, ok := g.check(ctx, rt, g.now(ctx), ctx.Time(), !ctx.Request.MayContinue())
+	if !ok {
+		return
+	}
+	h := &ctx.Request.Header
+	if fields&httpwire.HasRequestID == 0 {
+		var id [32]byte
+		h.SetBytesV("X-Request-Id", g.ids.Append(id[:0]))
+	}
+	if mounted != nil {
+		g.serveMounted(ctx, rt, mounted)
+		return
+	}
+	g.forward(ctx, rt, fields)
+}
+
+// expect answers a request that asks to be told before it sends its body
+// (Expect: 100-continue; curl asks for bodies over 1 MiB): the checks that
+// need no body run now, so that a refusal, a tenant's 429 above all, goes
+// out before the client uploads a body only to have it dropped. fasthttp
+// sends the refusal as it is and closes the connection, which the client
+// may already be sending the body on.
+func (g *Ingress) expect(ctx *fasthttp.RequestCtx) int {
+	rt := g.rt.Load()
+	if rt == nil {
+		return fasthttp.StatusContinue // serve answers 503
+	}
+	// fasthttp stamps the request's time after this call.
+	start := time.Now()
+	now := start
+	if !g.realClock {
+		now = g.opts.Clock.Now()
+	}
+	if _, _, ok := g.check(ctx, rt, now, start, true); !ok {
+		return ctx.Response.StatusCode()
+	}
+	return fasthttp.StatusContinue
+}
+
+// check runs the checks a request's head decides, the tenant cap among
+// them when capped, and answers (and counts) a refusal itself. It returns
+// the header fields seen and, for the runs API, its mount.
+func (g *Ingress) check(ctx *fasthttp.RequestCtx, rt *policyState, now, start time.Time, capped bool) (httpwire.Fields, *mount, bool) {
 	h := &ctx.Request.Header
 	// A refusal is counted under the target the request was for: the run
 	// API's (scheduler) or the worker's.
 	m := g.mount.Load()
-	mounted := m != nil && m.matches(requestPath(h.RequestURI()))
+	if m != nil && !m.matches(requestPath(h.RequestURI())) {
+		m = nil
+	}
 	target := rt.target
-	if mounted {
+	if m != nil {
 		target = rt.mounted
 	}
 	if err := httpwire.CheckVersion(h.Protocol()); err != nil {
 		respond.Error(ctx, fasthttp.StatusHTTPVersionNotSupported, "request refused: "+err.Error())
 		ctx.SetConnectionClose()
-		target.Done(fasthttp.StatusHTTPVersionNotSupported, ctx.Time())
-		return
+		target.Done(fasthttp.StatusHTTPVersionNotSupported, start)
+		return 0, nil, false
 	}
 	scan, err := httpwire.ScanRequestHeaders(h.RawHeaders(), rt.tenantHeader)
 	if err == nil && scan.Fields&httpwire.HasHost == 0 && h.IsHTTP11() {
@@ -45,8 +92,8 @@ func (g *Ingress) serve(ctx *fasthttp.RequestCtx) {
 	}
 	if err != nil {
 		respond.Error(ctx, fasthttp.StatusBadRequest, "request refused: "+err.Error())
-		target.Done(fasthttp.StatusBadRequest, ctx.Time())
-		return
+		target.Done(fasthttp.StatusBadRequest, start)
+		return 0, nil, false
 	}
 	if h.IsConnect() {
 		// A reverse proxy opens no tunnels: passed on, the worker's 2xx
@@ -54,27 +101,18 @@ func (g *Ingress) serve(ctx *fasthttp.RequestCtx) {
 		respond.Error(ctx, fasthttp.StatusMethodNotAllowed, "request refused: CONNECT opens no tunnel through the ingress")
 		ctx.Response.Header.Set(fasthttp.HeaderAllow, "GET, HEAD, POST, PUT, PATCH, DELETE, OPTIONS")
 		ctx.SetConnectionClose()
-		target.Done(fasthttp.StatusMethodNotAllowed, ctx.Time())
-		return
+		target.Done(fasthttp.StatusMethodNotAllowed, start)
+		return 0, nil, false
 	}
-	if rt.caps != nil {
-		now := g.now(ctx)
+	if capped && rt.caps != nil {
 		if res := rt.caps.Check(scan.Want, now); !res.Allowed {
 			respond.Tenant(ctx, res, now)
 			g.stats.Reject(res.Control(), "ingress")
-			target.Done(fasthttp.StatusTooManyRequests, ctx.Time())
-			return
+			target.Done(fasthttp.StatusTooManyRequests, start)
+			return 0, nil, false
 		}
 	}
-	if scan.Fields&httpwire.HasRequestID == 0 {
-		var id [32]byte
-		h.SetBytesV("X-Request-Id", g.ids.Append(id[:0]))
-	}
-	if mounted {
-		g.serveMounted(ctx, rt, m)
-		return
-	}
-	g.forward(ctx, rt, scan.Fields)
+	return scan.Fields, m, true
 }
 
 // now is the request's time for the tenant windows: the instant fasthttp

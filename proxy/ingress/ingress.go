@@ -92,7 +92,9 @@ func New(opts Options) *Ingress {
 		pools:     connpool.NewSet(opts.Clock, 0),
 	}
 	g.slot = listener.NewSlot("ingress", opts.Clock, opts.Log, func(addr string) (listener.Server, error) {
-		return listener.Start(addr, listener.ProxyServer(g.serve, g.refuseUnread, opts.Log), opts.Log)
+		srv := listener.ProxyServer(g.serve, g.refuseUnread, opts.Log)
+		srv.ExpectHandler = g.expect
+		return listener.Start(addr, srv, opts.Log)
 	})
 	return g
 }

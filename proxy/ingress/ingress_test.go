@@ -811,3 +811,55 @@ func TestVersionNotHTTP1Refused(t *testing.T) {
 		t.Errorf("the worker received %d requests, want 1", n)
 	}
 }
+
+// A request that asks before sending its body (Expect: 100-continue) is
+// checked before it is told to go on: one its tenant may not send gets
+// the 429 instead of a 100 Continue, and uploads nothing. One that may is
+// counted once, not again when its body arrives.
+func TestExpectContinueCheckedBeforeTheBody(t *testing.T) {
+	f := start(t, `  tenant: { header: x-tenant-id, rate: 2, window: 60 }`, func(ctx *fasthttp.RequestCtx) {
+		ctx.SetBody(ctx.Request.Body())
+	})
+	ask := func(length int) (*bufio.Reader, net.Conn) {
+		t.Helper()
+		c, err := net.Dial("tcp", f.addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close() })
+		_ = c.SetDeadline(time.Now().Add(10 * time.Second))
+		fmt.Fprintf(c, "POST / HTTP/1.1\r\nHost: w\r\nX-Tenant-Id: acme\r\nContent-Length: %d\r\nExpect: 100-continue\r\n\r\n", length)
+		return bufio.NewReader(c), c
+	}
+
+	br, c := ask(5)
+	if resp, err := http.ReadResponse(br, nil); err != nil || resp.StatusCode != http.StatusContinue {
+		t.Fatalf("first request, within the cap: %v %v, want 100 Continue", resp, err)
+	}
+	io.WriteString(c, "hello")
+	resp, err := http.ReadResponse(br, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != 200 || string(body) != "hello" {
+		t.Fatalf("first request: %d %q", resp.StatusCode, body)
+	}
+	if resp, _ := f.get(t, "/", map[string]string{"X-Tenant-Id": "acme"}); resp.StatusCode != 200 {
+		t.Fatalf("second request, the cap's last: %d (the first was counted twice?)", resp.StatusCode)
+	}
+
+	br, _ = ask(10 << 20)
+	resp, err = http.ReadResponse(br, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ = io.ReadAll(resp.Body)
+	if resp.StatusCode != 429 || resp.Header.Get("X-Warden-Control") != "tenant_rate" ||
+		string(body) != `{"control":"tenant_rate","quota":"tenant:acme","limit":2,"current":3,"retryAfterSeconds":60}` {
+		t.Fatalf("over the cap: %d %v %s, want the tenant's 429 before the body", resp.StatusCode, resp.Header, body)
+	}
+	if n := f.worker.Requests.Load(); n != 2 {
+		t.Errorf("worker saw %d requests, want 2", n)
+	}
+}
