@@ -86,6 +86,20 @@ func (f *Fake) Timers() int {
 	return n
 }
 
+// ArmedFor reports whether a timer is armed to fire exactly d from now: a
+// test can tell the timer it waits for from others armed meanwhile.
+func (f *Fake) ArmedFor(d time.Duration) bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	at := f.now.Add(d)
+	for _, t := range f.timers {
+		if t.active && t.when.Equal(at) {
+			return true
+		}
+	}
+	return false
+}
+
 // TimerArmed returns a channel closed the next time any timer is armed or
 // re-armed, so a test can wait for the code under test to start waiting.
 func (f *Fake) TimerArmed() <-chan struct{} {

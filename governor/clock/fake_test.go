@@ -153,3 +153,21 @@ func TestAfterFuncAt(t *testing.T) {
 		})
 	}
 }
+
+func TestArmedFor(t *testing.T) {
+	c := NewFake(time.Unix(0, 0))
+	tm := c.NewTimer(10 * time.Second)
+	c.Advance(4 * time.Second)
+	for _, tc := range []struct {
+		d    time.Duration
+		want bool
+	}{{6 * time.Second, true}, {10 * time.Second, false}, {5 * time.Second, false}} {
+		if got := c.ArmedFor(tc.d); got != tc.want {
+			t.Errorf("ArmedFor(%v) = %v, want %v", tc.d, got, tc.want)
+		}
+	}
+	tm.Stop()
+	if c.ArmedFor(6 * time.Second) {
+		t.Error("a stopped timer counts as armed")
+	}
+}

@@ -148,20 +148,23 @@ func TestRetryBudget(t *testing.T) {
 func TestRetryDelayUsesClock(t *testing.T) {
 	f, up := retryFixture(t, "retry: { count: 2, logic: exponential_backoff, delay: 10s, scale: 2, jitter: 0 }\ntimeout: 5m", always(503, ""))
 	done := f.goDo("GET", "http://api.test/", nil)
-	waitArmed := func(want int64) {
+	// waitArmed waits for the retry's timer, due delay from now. Counting
+	// timers could not tell it apart: the janitor's is always armed, and
+	// the client watch of the first delay stays armed through the second
+	// (the flake seen once in CI).
+	waitArmed := func(delay time.Duration, want int64) {
 		t.Helper()
-		// The janitor's timer is always armed; the retry's is the second.
-		fasttest.WaitFor(t, "retry timer", func() bool { return f.clk.Timers() >= 2 })
+		fasttest.WaitFor(t, "retry timer", func() bool { return f.clk.ArmedFor(delay) })
 		if n := up.Requests.Load(); n != want {
 			t.Fatalf("%d attempts before the delay passed, want %d", n, want)
 		}
 	}
-	waitArmed(1)
+	waitArmed(10*time.Second, 1)
 	f.clk.Advance(10 * time.Second)
 	fasttest.WaitFor(t, "second attempt", func() bool { return up.Requests.Load() == 2 })
-	waitArmed(2)
+	waitArmed(20*time.Second, 2) // 20 s the second time
 	f.clk.Advance(10 * time.Second)
-	waitArmed(2) // 20 s the second time
+	waitArmed(10*time.Second, 2)
 	f.clk.Advance(10 * time.Second)
 	if r := <-done; r.status != 503 || up.Requests.Load() != 3 {
 		t.Fatalf("%+v after %d attempts", r, up.Requests.Load())
