@@ -203,11 +203,13 @@ func (s *Scheduler) Get(ctx context.Context, id string) (RunView, error) {
 }
 
 func (s *Scheduler) view(ctx context.Context, seq uint64) (RunView, error) {
-	s.mu.Lock()
-	pv, ok := s.pendingViewLocked(seq, s.clk.Now())
-	s.mu.Unlock()
-	if ok {
-		return pv, nil // what the store will say once it takes the write
+	if s.npending.Load() > 0 {
+		s.mu.Lock()
+		pv, ok := s.pendingViewLocked(seq, s.clk.Now())
+		s.mu.Unlock()
+		if ok {
+			return pv, nil // what the store will say once it takes the write
+		}
 	}
 	r, err := s.st.Get(ctx, seq)
 	if errors.Is(err, store.ErrNotFound) {

@@ -23,29 +23,36 @@ const (
 
 // pendingWrite is a run's record waiting to be written.
 type pendingWrite struct {
-	r      store.Run
-	from   store.Statuses // what the stored run may be for the write to apply
-	what   string         // for the log: "RUNNING", "run end", "RETRY_WAIT"
-	landed func()         // after the write lands
-	timer  clock.Timer
+	r       store.Run
+	prev    store.Status   // the status the run moves from (metrics)
+	allowed store.Statuses // what the stored run may be for the write to apply
+	timer   clock.Timer
 }
 
-// write stores r if the stored run is in from, and runs landed once it
-// is. A failure other than the run having moved on is retried in the
-// background; meanwhile the API shows the run as r (pendingView).
-func (s *Scheduler) write(r store.Run, from store.Statuses, what string, landed func()) {
-	err := s.st.Update(context.Background(), &r, from)
-	if err == nil {
-		s.dropPending(r.Seq, nil)
-		landed()
+// write stores r, moving the run from prev, if the stored run is in
+// allowed. A failure other than the run having moved on is retried in the
+// background; meanwhile the API shows the run as r (pendingViewLocked).
+func (s *Scheduler) write(r store.Run, prev store.Status, allowed store.Statuses) {
+	err := s.st.Update(context.Background(), &r, allowed)
+	if err == nil || moveOn(err) {
+		s.dropPending(r.Seq, nil) // a write of the run still waiting is outdated
+		if err == nil {
+			s.landed(r, prev)
+		}
 		return
 	}
-	if moveOn(err) {
-		s.dropPending(r.Seq, nil)
-		return
+	s.log.Error("record "+r.Status.String()+"; retrying", "run", formatID(r.Seq), "err", err)
+	s.retryWrite(&pendingWrite{r: r, prev: prev, allowed: allowed}, rewriteFirst)
+}
+
+// landed follows a write of r that has reached the store.
+func (s *Scheduler) landed(r store.Run, prev store.Status) {
+	s.moved(prev, r.Status)
+	if r.Status == store.RetryWait {
+		// What is left of the delay: the write may have waited out a
+		// store outage.
+		s.armRetry(r.Seq, max(0, time.Duration(r.RetryAt-s.clk.Now().UnixNano())))
 	}
-	s.log.Error("record "+what+"; retrying", "run", formatID(r.Seq), "err", err)
-	s.retryWrite(&pendingWrite{r: r, from: from, what: what, landed: landed}, rewriteFirst)
 }
 
 // moveOn reports whether a failed write must not be retried: the run is
@@ -61,13 +68,14 @@ func (s *Scheduler) retryWrite(p *pendingWrite, delay time.Duration) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.closed {
-		s.log.Warn("closed with a run's record not written; the restart recovers the run", "run", formatID(p.r.Seq), "record", p.what)
+		s.log.Warn("closed with a run's record not written; the restart recovers the run", "run", formatID(p.r.Seq), "record", p.r.Status.String())
 		return
 	}
 	if old := s.pending[p.r.Seq]; old != nil && old != p {
 		old.timer.Stop()
 	}
 	s.pending[p.r.Seq] = p
+	s.npending.Store(int64(len(s.pending)))
 	p.timer = s.clk.AfterFunc(delay, func() { s.rewrite(p, delay) })
 }
 
@@ -84,13 +92,13 @@ func (s *Scheduler) rewrite(p *pendingWrite, delay time.Duration) {
 	}
 	ctx, cancel := context.WithTimeout(s.runCtx, sharedCallTimeout)
 	r := p.r
-	err := s.st.Update(ctx, &r, p.from)
+	err := s.st.Update(ctx, &r, p.allowed)
 	cancel()
 	switch {
 	case err == nil:
 		if s.dropPending(p.r.Seq, p) {
-			s.log.Info("recorded "+p.what+" after retrying", "run", formatID(p.r.Seq))
-			p.landed()
+			s.log.Info("recorded "+p.r.Status.String()+" after retrying", "run", formatID(p.r.Seq))
+			s.landed(p.r, p.prev)
 		}
 	case moveOn(err):
 		s.dropPending(p.r.Seq, p)
@@ -100,8 +108,12 @@ func (s *Scheduler) rewrite(p *pendingWrite, delay time.Duration) {
 }
 
 // dropPending forgets seq's waiting write if it is p (any when p is nil),
-// stopping its timer; it reports whether p was the one waiting.
+// stopping its timer; it reports whether p was the one waiting. With none
+// waiting at all, as nearly always, it takes no lock.
 func (s *Scheduler) dropPending(seq uint64, p *pendingWrite) bool {
+	if s.npending.Load() == 0 {
+		return false
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	cur := s.pending[seq]
@@ -112,6 +124,7 @@ func (s *Scheduler) dropPending(seq uint64, p *pendingWrite) bool {
 		cur.timer.Stop()
 	}
 	delete(s.pending, seq)
+	s.npending.Store(int64(len(s.pending)))
 	return true
 }
 

@@ -167,7 +167,7 @@ func (s *Scheduler) accepted(a *active) {
 	}
 	s.mu.Unlock()
 	s.leaseSharedPermits(a, now+int64(a.leaseTerm()))
-	s.write(r, store.Of(store.Starting), "RUNNING", func() { s.moved(store.Starting, store.Running) })
+	s.write(r, store.Starting, store.Of(store.Starting))
 }
 
 // leaseTerm is how long a permit held by an accepted run lasts without a
@@ -189,7 +189,7 @@ func (s *Scheduler) finish(a *active, st store.Status, output []byte, reason, co
 	s.free(a)
 	from := r.Status
 	r.Status, r.FinishedAt, r.Output, r.Reason, r.Control = st, s.clk.Now().UnixNano(), output, reason, control
-	s.write(r, store.Of(store.Starting, store.Running), "run end ("+st.String()+")", func() { s.moved(from, st) })
+	s.write(r, from, store.Of(store.Starting, store.Running))
 	s.ended(a.seq) // over in memory, whenever the store takes it: its sessions must go
 	return true
 }
@@ -219,12 +219,7 @@ func (s *Scheduler) fail(a *active, reason string) bool {
 	s.free(a)
 	from := r.Status
 	r.Status, r.Reason, r.RetryAt = store.RetryWait, reason, s.clk.Now().Add(delay).UnixNano()
-	s.write(r, store.Of(store.Starting, store.Running), "RETRY_WAIT", func() {
-		s.moved(from, store.RetryWait)
-		// What is left of the delay: the write may have waited out a
-		// store outage.
-		s.armRetry(r.Seq, max(0, time.Duration(r.RetryAt-s.clk.Now().UnixNano())))
-	})
+	s.write(r, from, store.Of(store.Starting, store.Running))
 	return true
 }
 

@@ -92,6 +92,7 @@ type Scheduler struct {
 	active   map[uint64]*active       // admitted runs: STARTING or RUNNING
 	waits    map[uint64]clock.Timer   // RETRY_WAIT runs and their timers
 	pending  map[uint64]*pendingWrite // writes the store failed, retried (rewrite.go)
+	npending atomic.Int64             // len(pending), read without mu
 	running  int
 	pass     uint64 // admission pass number (definition.skip)
 	draining bool   // admission has stopped (beginDrain)
@@ -242,6 +243,7 @@ func (s *Scheduler) start(ctx context.Context, c *governor.Controls, cfg *config
 	s.active = map[uint64]*active{}
 	s.waits = map[uint64]clock.Timer{}
 	s.pending = map[uint64]*pendingWrite{}
+	s.npending.Store(0)
 	s.running, s.draining, s.stopCalled, s.closed, s.started = 0, false, false, false, true
 	s.recovering = true
 	s.runCtx, s.cancelRuns = context.WithCancel(context.Background())
@@ -532,8 +534,9 @@ func (s *Scheduler) stop(ctx context.Context) error {
 	for seq, p := range s.pending {
 		p.timer.Stop()
 		delete(s.pending, seq)
-		s.log.Warn("closed with a run's record not written; the restart recovers the run", "run", formatID(seq), "record", p.what)
+		s.log.Warn("closed with a run's record not written; the restart recovers the run", "run", formatID(seq), "record", p.r.Status.String())
 	}
+	s.npending.Store(0)
 	s.mu.Unlock()
 	s.calls.Wait()
 	close(s.quit)

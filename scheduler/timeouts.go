@@ -144,7 +144,7 @@ func (s *Scheduler) stsFired(dq *defQueue) {
 		}
 		r.Status, r.FinishedAt, r.Control = store.TimedOut, now.UnixNano(), ControlTimeout
 		r.Reason = fmt.Sprintf("schedule_to_start_timeout %s exceeded: waited %s, held by %s", d.scheduleToStart, x.waited.Round(time.Millisecond), x.control)
-		s.write(r, store.Of(store.Queued), "schedule_to_start timeout", func() { s.moved(store.Queued, store.TimedOut) })
+		s.write(r, store.Queued, store.Of(store.Queued))
 		s.ended(x.seq)
 	}
 }
