@@ -26,7 +26,7 @@ func (g *Ingress) serve(ctx *fasthttp.RequestCtx) {
 	}
 	// A request that asked before sending its body was checked, and
 	// counted against its tenant, by expect.
-	fields, mounted, ok := g.check(ctx, rt, g.now(ctx), ctx.Time(), !ctx.Request.MayContinue())
+	fields, mounted, ok := g.check(ctx, rt, ctx.Time(), !ctx.Request.MayContinue())
 	if !ok {
 		return
 	}
@@ -53,22 +53,18 @@ func (g *Ingress) expect(ctx *fasthttp.RequestCtx) int {
 	if rt == nil {
 		return fasthttp.StatusContinue // serve answers 503
 	}
-	// fasthttp stamps the request's time after this call.
-	start := time.Now()
-	now := start
-	if !g.realClock {
-		now = g.opts.Clock.Now()
-	}
-	if _, _, ok := g.check(ctx, rt, now, start, true); !ok {
+	// fasthttp stamps the request's time (ctx.Time) after this call.
+	if _, _, ok := g.check(ctx, rt, time.Now(), true); !ok {
 		return ctx.Response.StatusCode()
 	}
 	return fasthttp.StatusContinue
 }
 
 // check runs the checks a request's head decides, the tenant cap among
-// them when capped, and answers (and counts) a refusal itself. It returns
-// the header fields seen and, for the runs API, its mount.
-func (g *Ingress) check(ctx *fasthttp.RequestCtx, rt *policyState, now, start time.Time, capped bool) (httpwire.Fields, *mount, bool) {
+// them when capped, and answers (and counts) a refusal itself; the request
+// arrived at start. It returns the header fields seen and, for the runs
+// API, its mount.
+func (g *Ingress) check(ctx *fasthttp.RequestCtx, rt *policyState, start time.Time, capped bool) (httpwire.Fields, *mount, bool) {
 	h := &ctx.Request.Header
 	// A refusal is counted under the target the request was for: the run
 	// API's (scheduler) or the worker's.
@@ -105,6 +101,7 @@ func (g *Ingress) check(ctx *fasthttp.RequestCtx, rt *policyState, now, start ti
 		return 0, nil, false
 	}
 	if capped && rt.caps != nil {
+		now := g.now(start)
 		if res := rt.caps.Check(scan.Want, now); !res.Allowed {
 			respond.Tenant(ctx, res, now)
 			g.stats.Reject(res.Control(), "ingress")
@@ -115,11 +112,11 @@ func (g *Ingress) check(ctx *fasthttp.RequestCtx, rt *policyState, now, start ti
 	return scan.Fields, m, true
 }
 
-// now is the request's time for the tenant windows: the instant fasthttp
-// already read when the request arrived, unless a test clock is in charge.
-func (g *Ingress) now(ctx *fasthttp.RequestCtx) time.Time {
+// now is the request's time for the tenant windows: the instant it
+// arrived, already read, unless a test clock is in charge.
+func (g *Ingress) now(arrived time.Time) time.Time {
 	if g.realClock {
-		return ctx.Time()
+		return arrived
 	}
 	return g.opts.Clock.Now()
 }
