@@ -139,7 +139,24 @@ func acceptingWorker(t *testing.T) (*httptest.Server, <-chan string) {
 // submitAccepted submits a run and waits until the worker has it.
 func submitAccepted(t *testing.T, base string, delivered <-chan string) string {
 	t.Helper()
-	resp, err := http.Post(base, "application/json", strings.NewReader(`{"name":"job"}`))
+	want := submitRun(t, base, `{"name":"job"}`)
+	for {
+		select {
+		case id := <-delivered:
+			if id == want {
+				return id
+			}
+		case <-time.After(10 * time.Second): // a failure bound, not a wait
+			t.Fatalf("run %s never reached the worker", want)
+		}
+	}
+}
+
+// submitRun posts a submit body to the runs API at url and returns the
+// id of the run its 202 names.
+func submitRun(t *testing.T, url, body string) string {
+	t.Helper()
+	resp, err := http.Post(url, "application/json", strings.NewReader(body))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -148,14 +165,5 @@ func submitAccepted(t *testing.T, base string, delivered <-chan string) string {
 	if err := json.NewDecoder(resp.Body).Decode(&rc); err != nil || resp.StatusCode != http.StatusAccepted {
 		t.Fatalf("submit: %d %v", resp.StatusCode, err)
 	}
-	for {
-		select {
-		case id := <-delivered:
-			if id == rc.ID {
-				return id
-			}
-		case <-time.After(10 * time.Second): // a failure bound, not a wait
-			t.Fatalf("run %s never reached the worker", rc.ID)
-		}
-	}
+	return rc.ID
 }

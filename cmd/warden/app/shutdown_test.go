@@ -281,19 +281,7 @@ scheduler:
     job: { key: "${input.k}", key_concurrency: 1 }
 `, worker.URL), Options{Log: log})
 	base := "http://" + in.ingressAddr()
-	submit := func() string {
-		t.Helper()
-		resp, err := http.Post(base+"/v1/runs", "application/json", strings.NewReader(`{"name":"job","input":{"k":"a"}}`))
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer resp.Body.Close()
-		var rc struct{ ID string }
-		if err := json.NewDecoder(resp.Body).Decode(&rc); err != nil || resp.StatusCode != http.StatusAccepted {
-			t.Fatalf("submit: %d %v", resp.StatusCode, err)
-		}
-		return rc.ID
-	}
+	submit := func() string { return submitRun(t, base+"/v1/runs", `{"name":"job","input":{"k":"a"}}`) }
 	first := submit()
 	if got := await(t, deliveries, 10*time.Second, "delivery of the first run"); got != first {
 		t.Fatalf("delivered %s, want %s", got, first)
