@@ -56,13 +56,11 @@ func (e *Egress) connect(ctx *fasthttp.RequestCtx, tb *table, scan httpwire.Scan
 	wait.Reset(ctx.Conn(), e.opts.Clock, time.Time{})
 	defer wait.End()
 	if ref, ok := admit.Admit(&wait, &t.adm, &r.Target, tb.caps, scan.Want, "egress", now); !ok {
-		code := clientwait.StatusGone
 		if wait.ClientGone() {
-			ctx.SetConnectionClose()
+			t.clientGone(ctx)
 		} else {
-			code = e.refuseAdmission(ctx, r, ref, now)
+			r.Stats.Done(e.refuseAdmission(ctx, r, ref, now), t.start)
 		}
-		r.Stats.Done(code, t.start)
 		return
 	}
 	timeout := r.Timeout
@@ -74,17 +72,20 @@ func (e *Egress) connect(ctx *fasthttp.RequestCtx, tb *table, scan httpwire.Scan
 	// whose watcher goroutine can outlive this handler and then read the
 	// RequestCtx after fasthttp recycled it (a race seen under -race).
 	up, err := d.DialContext(wait.Context(), "tcp", addr)
-	if err != nil && wait.ClientGone() {
-		// Nobody asked for the tunnel any more: the target is not to blame.
-		t.adm.Ticket.Done(breaker.Neutral)
-		t.adm.Release()
-		ctx.SetConnectionClose()
-		r.Stats.Done(clientwait.StatusGone, t.start)
-		return
-	}
 	if err != nil {
-		t.adm.Ticket.Done(breaker.Failure)
+		gone := wait.ClientGone()
+		outcome := breaker.Failure
+		if gone {
+			// Nobody asked for the tunnel any more: the target is not
+			// to blame.
+			outcome = breaker.Neutral
+		}
+		t.adm.Ticket.Done(outcome)
 		t.adm.Release()
+		if gone {
+			t.clientGone(ctx)
+			return
+		}
 		kind := connpool.KindDial
 		if ne, ok := err.(net.Error); ok && ne.Timeout() {
 			kind = connpool.KindTimeout
@@ -244,4 +245,11 @@ func (ts *tunnels) drain(ctx context.Context) error {
 	case <-time.After(time.Second):
 	}
 	return ctx.Err()
+}
+
+// clientGone ends a CONNECT whose client hung up while it waited: as
+// exchange.clientGone, nothing is written and no refusal is counted.
+func (t *tunnel) clientGone(ctx *fasthttp.RequestCtx) {
+	ctx.SetConnectionClose()
+	t.r.Stats.Done(clientwait.StatusGone, t.start)
 }
