@@ -207,24 +207,18 @@ func run(o options) error {
 	w1pid := w1.cmd.Process.Pid
 	paths = append(paths, path{name: "warden ingress 1P", addr: ingress1, pid: w1pid}, path{name: "warden egress 1P", addr: egress1, pid: w1pid})
 
-	floor, err := start(out, "floor", nil, self, "floor", ports[9], upAddr)
-	if err != nil {
-		return err
+	for _, fl := range []struct{ row, log, addr, mode string }{
+		{"fasthttp floor", "floor", ports[9], ""},
+		{"floor, raw I/O", "floor-raw", ports[10], "raw"},
+		{pipelinedRow, "floor-pipelined", ports[12], "pipelined"},
+	} {
+		p, err := start(out, fl.log, nil, self, "floor", fl.addr, upAddr, fl.mode)
+		if err != nil {
+			return err
+		}
+		procs = append(procs, p)
+		paths = append(paths, path{name: fl.row, addr: fl.addr, pid: p.cmd.Process.Pid})
 	}
-	procs = append(procs, floor)
-	paths = append(paths, path{name: "fasthttp floor", addr: ports[9], pid: floor.cmd.Process.Pid})
-	floorRaw, err := start(out, "floor-raw", nil, self, "floor", ports[10], upAddr, "raw")
-	if err != nil {
-		return err
-	}
-	procs = append(procs, floorRaw)
-	paths = append(paths, path{name: "floor, raw I/O", addr: ports[10], pid: floorRaw.cmd.Process.Pid})
-	floorPipe, err := start(out, "floor-pipelined", nil, self, "floor", ports[12], upAddr, "pipelined")
-	if err != nil {
-		return err
-	}
-	procs = append(procs, floorPipe)
-	paths = append(paths, path{name: pipelinedRow, addr: ports[12], pid: floorPipe.cmd.Process.Pid})
 	relayPath := path{name: relayRow, addr: ports[11]}
 	if runtime.GOOS != "linux" {
 		relayPath.missing = "needs Linux (epoll)"
