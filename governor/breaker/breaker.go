@@ -301,27 +301,12 @@ func (b *Breaker) Allow() (t Ticket, retryAfter time.Duration, ok bool) {
 func (b *Breaker) allowSlow() (Ticket, time.Duration, bool) {
 	for {
 		w := b.state.Load()
-		now := int64(-1)
-		switch w & phMask {
-		case phClosed:
+		if w&phMask == phClosed {
 			return Ticket{b: b, word: w}, 0, true
-		case phOpen:
-			now = b.now()
-			if until := b.openUntil.Load(); now < until {
-				return Ticket{}, time.Duration(until - now), false
-			}
-		case phProbing:
-			// The probe is out: everyone else fails fast until it reports,
-			// or, past its lease, it is presumed lost (a ticket never
-			// completed would otherwise hold the breaker half-open forever)
-			// and its late result is ignored as stale.
-			now = b.now()
-			lease := b.probeLease.Load()
-			if lease == 0 || now-b.probeAt.Load() < lease {
-				return Ticket{}, halfOpenRetryAfter, false
-			}
-		case phIdle:
-			now = b.now()
+		}
+		retryAfter, refused, now := b.refusal(w)
+		if refused {
+			return Ticket{}, retryAfter, false
 		}
 		if b.testHookPreProbe != nil {
 			b.testHookPreProbe()
@@ -339,6 +324,45 @@ func (b *Breaker) allowSlow() (Ticket, time.Duration, bool) {
 		b.mu.Unlock()
 		// Someone else moved the state; decide again on the new one.
 	}
+}
+
+// refusal decides whether a caller fails fast on state word w (not
+// closed), and for how long; now is the clock as read on the way.
+func (b *Breaker) refusal(w uint64) (retryAfter time.Duration, refused bool, now int64) {
+	now = b.now()
+	switch w & phMask {
+	case phOpen:
+		if until := b.openUntil.Load(); now < until {
+			return time.Duration(until - now), true, now
+		}
+	case phProbing:
+		// The probe is out: everyone else fails fast until it reports,
+		// or, past its lease, it is presumed lost (a ticket never
+		// completed would otherwise hold the breaker half-open forever)
+		// and its late result is ignored as stale.
+		lease := b.probeLease.Load()
+		if lease == 0 || now-b.probeAt.Load() < lease {
+			return halfOpenRetryAfter, true, now
+		}
+	}
+	return 0, false, now
+}
+
+// Refuses reports whether Allow would refuse now, without taking the
+// half-open probe that Allow would hand out: for a caller that decides
+// before it can send (a request that waits for 100 Continue before its
+// body), which fails fast on an open breaker and leaves the probe to the
+// request when it comes.
+func (b *Breaker) Refuses() (retryAfter time.Duration, refused bool) {
+	if b == nil || !b.enabled {
+		return 0, false
+	}
+	w := b.state.Load()
+	if w&phMask == phClosed {
+		return 0, false
+	}
+	retryAfter, refused, _ = b.refusal(w)
+	return retryAfter, refused
 }
 
 // SetProbeLease bounds how long a half-open probe may be out before the

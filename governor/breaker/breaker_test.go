@@ -547,3 +547,41 @@ func TestStripedRequestsAllCounted(t *testing.T) {
 		t.Fatalf("state %v at 50%% failures, want open", st)
 	}
 }
+
+// TestRefusesTakesNoProbe: Refuses answers as Allow would, and asking
+// leaves the half-open probe to the next Allow.
+func TestRefusesTakesNoProbe(t *testing.T) {
+	clk := clock.NewFake(time.Unix(1_700_000_000, 0))
+	b := New("stripe", defaults, clk)
+	h := &harness{t: t, b: b, advance: clk.Advance}
+	check := func(step string, wantAfter time.Duration, wantRefused bool) {
+		t.Helper()
+		if after, refused := b.Refuses(); refused != wantRefused || after != wantAfter {
+			t.Fatalf("%s: Refuses() = %v, %v; want %v, %v", step, after, refused, wantAfter, wantRefused)
+		}
+	}
+	check("closed", 0, false)
+	trip(h)
+	check("open", 5*time.Second, true)
+	clk.Advance(2 * time.Second)
+	check("open, 2 s later", 3*time.Second, true)
+	clk.Advance(3 * time.Second)
+	for range 3 {
+		check("open elapsed", 0, false)
+	}
+	probe, _, ok := b.Allow()
+	if !ok || !probe.Probe() {
+		t.Fatalf("Allow after Refuses: ok %v, probe %v; want the probe", ok, probe.Probe())
+	}
+	check("probe out", halfOpenRetryAfter, true)
+	probe.Done(Success)
+	check("closed again", 0, false)
+
+	var none *Breaker
+	if _, refused := none.Refuses(); refused {
+		t.Error("a nil breaker refuses")
+	}
+	if _, refused := New("off", with(func(c *policy.CircuitBreaker) { c.Enabled = false }), clk).Refuses(); refused {
+		t.Error("a disabled breaker refuses")
+	}
+}

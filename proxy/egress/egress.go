@@ -69,7 +69,9 @@ func New(opts Options) *Egress {
 		tunnels:   tunnels{open: map[*tunnel]struct{}{}},
 	}
 	e.slot = listener.NewSlot("egress", opts.Clock, opts.Log, func(addr string) (listener.Server, error) {
-		return listener.Start(addr, listener.ProxyServer(e.serve, e.refuse, opts.Log), opts.Log)
+		srv := listener.ProxyServer(e.serve, e.refuse, opts.Log)
+		srv.ExpectHandler = e.expect
+		return listener.Start(addr, srv, opts.Log)
 	})
 	return e
 }

@@ -399,3 +399,69 @@ func TestOptionsWithoutPathIsAsteriskForm(t *testing.T) {
 		}
 	}
 }
+
+// TestExpectContinueCheckedBeforeTheBody: a request that waits for 100
+// Continue before its body hears a refusal its head decides (an unlisted
+// host, the tenant cap, an open breaker) instead, and a request told to go
+// on is counted against its tenant once.
+func TestExpectContinueCheckedBeforeTheBody(t *testing.T) {
+	up := startStatusUpstream(t)
+	f := start(t, egressPolicy("  allow_unlisted: false\n  tenant: { header: x-tenant-id, rate: 100, window: 60 }\n  tenants: { acme: { rate: 2, window: 60 } }",
+		"targets:\n"+target("flaky", []string{"flaky.test"}, "http://"+up.Addr, flakyBreaker)), nil)
+	// ask sends a POST's head through the egress and returns the first
+	// answer to it: 100 Continue or the final one.
+	ask := func(host, tenant string, length int) (*http.Response, *bufio.Reader, net.Conn) {
+		t.Helper()
+		return fasttest.AskToContinue(t, f.addr, fmt.Sprintf("POST http://%s/ HTTP/1.1\r\nHost: %s\r\nX-Tenant-Id: %s\r\nContent-Length: %d\r\nExpect: 100-continue\r\n\r\n", host, host, tenant, length))
+	}
+	refusedBeforeBody := func(resp *http.Response, status int, control, body string) {
+		t.Helper()
+		b, _ := io.ReadAll(resp.Body)
+		if resp.StatusCode != status || resp.Header.Get("X-Warden-Control") != control || string(b) != body {
+			t.Fatalf("got %d %v %s; want %d from %s before the body", resp.StatusCode, resp.Header, b, status, control)
+		}
+	}
+
+	resp, br, c := ask("flaky.test", "acme", 5)
+	if resp.StatusCode != http.StatusContinue {
+		t.Fatalf("first request, within the cap: %d, want 100 Continue", resp.StatusCode)
+	}
+	io.WriteString(c, "hello")
+	if resp, err := http.ReadResponse(br, nil); err != nil || resp.StatusCode != 200 {
+		t.Fatalf("first request: %v %v", resp, err)
+	}
+	if r := f.do(t, "GET", "http://flaky.test/", map[string]string{"X-Tenant-Id": "acme"}); r.status != 200 {
+		t.Fatalf("second request, the cap's last: %+v (the first was counted twice?)", r)
+	}
+	resp, _, _ = ask("flaky.test", "acme", 10<<20)
+	refusedBeforeBody(resp, 429, "tenant_rate", `{"control":"tenant_rate","quota":"tenant:acme","limit":2,"current":3,"retryAfterSeconds":40}`)
+
+	resp, _, _ = ask("elsewhere.test", "beta", 10<<20)
+	refusedBeforeBody(resp, 403, "allow_unlisted", `{"control":"allow_unlisted","host":"elsewhere.test","error":"no target lists this host and egress.allow_unlisted is false"}`)
+
+	trip(t, f, up, 2) // with the two successes: minimum_requests 4 at ratio 0.5
+	resp, _, _ = ask("flaky.test", "gamma", 10<<20)
+	refusedBeforeBody(resp, 503, "circuit_breaker", `{"control":"circuit_breaker","target":"flaky","retryAfterSeconds":5}`)
+	if n := up.Requests.Load(); n != 4 {
+		t.Errorf("upstream saw %d requests, want 4", n)
+	}
+	if n := fasttest.Value(f.gov.Metrics.Rejections.WithLabelValues("circuit_breaker", "flaky")); n != 1 {
+		t.Errorf("rejections{circuit_breaker,flaky} = %v, want 1", n)
+	}
+
+	// Once open has passed, asking takes no probe: the request the body
+	// follows is the probe, and closes the breaker.
+	f.clk.Advance(5 * time.Second)
+	up.status.Store(200)
+	resp, br, c = ask("flaky.test", "gamma", 5)
+	if resp.StatusCode != http.StatusContinue {
+		t.Fatalf("after open: %d, want 100 Continue", resp.StatusCode)
+	}
+	io.WriteString(c, "hello")
+	if resp, err := http.ReadResponse(br, nil); err != nil || resp.StatusCode != 200 {
+		t.Fatalf("the probe: %v %v, want 200", resp, err)
+	}
+	if r := f.do(t, "GET", "http://flaky.test/", map[string]string{"X-Tenant-Id": "gamma"}); r.status != 200 {
+		t.Fatalf("after the probe: %+v, want the breaker closed", r)
+	}
+}

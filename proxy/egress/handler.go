@@ -25,58 +25,24 @@ func (e *Egress) serve(ctx *fasthttp.RequestCtx) {
 		respond.Error(ctx, fasthttp.StatusServiceUnavailable, "egress is not configured")
 		return
 	}
-	h := &ctx.Request.Header
-	if err := httpwire.CheckVersion(h.Protocol()); err != nil {
-		e.refuse(ctx, fasthttp.StatusHTTPVersionNotSupported, "request refused: "+err.Error())
+	var hd head
+	if !e.readHead(ctx, tb, &hd, ctx.Time()) {
 		return
 	}
-	scan, err := httpwire.ScanRequestHeaders(h.RawHeaders(), tb.tenantHeader)
-	if err != nil {
-		e.refuse(ctx, fasthttp.StatusBadRequest, "request refused: "+err.Error())
+	if hd.r == nil {
+		e.connect(ctx, tb, hd.scan)
 		return
 	}
-	if h.IsConnect() {
-		e.connect(ctx, tb, scan)
-		return
-	}
-	// The target host: from the absolute-form target (HTTP_PROXY), else
-	// from Host (origin-form addressed to a target).
-	uri := h.RequestURI()
-	https := false
-	var authority, origin []byte
-	if len(uri) > 0 && uri[0] != '/' && uri[0] != '*' {
-		scheme, a, o, ok := httpwire.SplitAbsoluteForm(uri)
-		if !ok {
-			e.refuse(ctx, fasthttp.StatusBadRequest, "request target is neither origin-form nor an http(s) absolute URI")
-			return
-		}
-		https = len(scheme) == 5
-		authority, origin = a, o
-	} else {
-		if scan.Fields&httpwire.HasHost == 0 {
-			e.refuse(ctx, fasthttp.StatusBadRequest, "no target host: send an absolute URI or a Host header")
-			return
-		}
-		authority = h.Host()
-	}
-	var ab [maxAuthority]byte
-	hostport, hostLen, ok := httpwire.AppendHostPort(ab[:0], authority, defaultPort(https))
-	if !ok {
-		e.refuse(ctx, fasthttp.StatusBadRequest, "target host "+strconv.Quote(string(authority))+" is not a host[:port]")
-		return
-	}
-	r := e.route(ctx, tb, hostport, hostLen)
-	if r == nil {
-		return
-	}
-	if r.fixed == nil && tb.loops(hostport, hostLen) {
-		e.refuse(ctx, fasthttp.StatusBadRequest, "request addressed to the egress listener itself")
-		return
-	}
+	r := hd.r
 	x := getExchange(e, r, ctx.Time())
 	now := e.now(ctx)
+	caps := tb.caps
+	if ctx.Request.MayContinue() {
+		// expect counted it against its tenant before the body came.
+		caps = nil
+	}
 	x.wait.Reset(ctx.Conn(), e.opts.Clock, x.deadline())
-	ref, ok := admit.Admit(&x.wait, &x.adm, &r.Target, tb.caps, scan.Want, "egress", now)
+	ref, ok := admit.Admit(&x.wait, &x.adm, &r.Target, caps, hd.scan.Want, "egress", now)
 	gone := x.wait.ClientGone()
 	x.wait.End()
 	if !ok {
@@ -89,20 +55,137 @@ func (e *Egress) serve(ctx *fasthttp.RequestCtx) {
 		return
 	}
 	// The request as the upstream must see it.
-	httpwire.StripRequest(h, scan.Fields)
-	if origin != nil || len(uri) > 0 && uri[0] != '/' && uri[0] != '*' {
+	h := &ctx.Request.Header
+	httpwire.StripRequest(h, hd.scan.Fields)
+	if hd.absolute {
 		// authority and origin point into the request line that setOrigin
 		// rewrites, so the Host is copied out first.
-		h.SetHostBytes(authority)
-		setOrigin(h, origin)
+		h.SetHostBytes(hd.authority)
+		setOrigin(h, hd.origin)
 	}
 	if r.hostHeader != nil {
 		h.SetHostBytes(r.hostHeader)
 	}
+	https := hd.https
 	if r.fixed != nil {
 		https = r.fixed.Config().TLS != nil
 	}
-	e.exchange(ctx, x, e.pool(r, https, hostport), scan.Fields)
+	e.exchange(ctx, x, e.pool(r, https, hd.ab[:hd.n]), hd.scan.Fields)
+}
+
+// head is what a request's head decides before admission.
+type head struct {
+	scan httpwire.Scan
+	r    *route // nil for CONNECT, which connect routes itself
+	// absolute is an absolute-form request target (HTTP_PROXY), split
+	// into authority and origin; otherwise authority is the Host.
+	absolute          bool
+	https             bool
+	authority, origin []byte
+	ab                [maxAuthority]byte // the normalised host:port is ab[:n]
+	n                 int
+}
+
+// readHead runs the checks a request's head decides: framing, the target
+// host, its route and a loop back to this listener; the request arrived at
+// start. It answers and counts a refusal itself, returning false. For
+// CONNECT it stops after the framing.
+func (e *Egress) readHead(ctx *fasthttp.RequestCtx, tb *table, hd *head, start time.Time) bool {
+	h := &ctx.Request.Header
+	if err := httpwire.CheckVersion(h.Protocol()); err != nil {
+		e.refuseAt(ctx, fasthttp.StatusHTTPVersionNotSupported, "request refused: "+err.Error(), start)
+		return false
+	}
+	var err error
+	hd.scan, err = httpwire.ScanRequestHeaders(h.RawHeaders(), tb.tenantHeader)
+	if err != nil {
+		e.refuseAt(ctx, fasthttp.StatusBadRequest, "request refused: "+err.Error(), start)
+		return false
+	}
+	if h.IsConnect() {
+		return true
+	}
+	// The target host: from the absolute-form target (HTTP_PROXY), else
+	// from Host (origin-form addressed to a target).
+	uri := h.RequestURI()
+	if len(uri) > 0 && uri[0] != '/' && uri[0] != '*' {
+		scheme, a, o, ok := httpwire.SplitAbsoluteForm(uri)
+		if !ok {
+			e.refuseAt(ctx, fasthttp.StatusBadRequest, "request target is neither origin-form nor an http(s) absolute URI", start)
+			return false
+		}
+		hd.absolute, hd.https = true, len(scheme) == 5
+		hd.authority, hd.origin = a, o
+	} else {
+		if hd.scan.Fields&httpwire.HasHost == 0 {
+			e.refuseAt(ctx, fasthttp.StatusBadRequest, "no target host: send an absolute URI or a Host header", start)
+			return false
+		}
+		hd.authority = h.Host()
+	}
+	hostport, hostLen, ok := httpwire.AppendHostPort(hd.ab[:0], hd.authority, defaultPort(hd.https))
+	if !ok {
+		e.refuseAt(ctx, fasthttp.StatusBadRequest, "target host "+strconv.Quote(string(hd.authority))+" is not a host[:port]", start)
+		return false
+	}
+	hd.n = len(hostport)
+	r := e.route(ctx, tb, hostport, hostLen, start)
+	if r == nil {
+		return false
+	}
+	if r.fixed == nil && tb.loops(hostport, hostLen) {
+		e.refuseAt(ctx, fasthttp.StatusBadRequest, "request addressed to the egress listener itself", start)
+		return false
+	}
+	hd.r = r
+	return true
+}
+
+// expect answers a request that asks to be told before it sends its body
+// (Expect: 100-continue; curl asks for bodies over 1 MiB): what its head
+// decides runs now, the tenant cap and an open breaker included, so that a
+// refusal goes out before the client uploads a body only to have it
+// dropped. The tenant cap counts the request here, and serve does not count
+// it again. Pools are left to serve: a slot taken now would be held while
+// the body arrives, and never given back if it does not. fasthttp sends a
+// refusal as it is and closes the connection, which the client may already
+// be sending the body on.
+func (e *Egress) expect(ctx *fasthttp.RequestCtx) int {
+	tb := e.table.Load()
+	if tb == nil {
+		return fasthttp.StatusContinue // serve answers 503
+	}
+	// fasthttp stamps the request's time (ctx.Time) after this call.
+	start := time.Now()
+	var hd head
+	if !e.readHead(ctx, tb, &hd, start) {
+		return ctx.Response.StatusCode()
+	}
+	r := hd.r
+	if r == nil {
+		return fasthttp.StatusContinue // CONNECT has no body
+	}
+	now := start
+	if !e.realClock {
+		now = e.opts.Clock.Now()
+	}
+	var ref admit.Refusal
+	if tb.caps != nil {
+		if res := tb.caps.Check(hd.scan.Want, now); !res.Allowed {
+			ref = admit.Refusal{Control: res.Control(), Scope: "egress", Tenant: res}
+		}
+	}
+	if ref.Control == "" {
+		if retryAfter, refused := r.Breaker.Refuses(); refused {
+			ref = admit.Refusal{Control: respond.ControlBreaker, Scope: r.Name, RetryAfter: retryAfter}
+		}
+	}
+	if ref.Control == "" {
+		return fasthttp.StatusContinue
+	}
+	code := e.refuseAdmission(ctx, r, ref, now)
+	r.Stats.Done(code, start)
+	return code
 }
 
 // setOrigin makes an absolute-form target origin-form for the upstream.
@@ -141,12 +224,12 @@ func (e *Egress) now(ctx *fasthttp.RequestCtx) time.Time {
 // route finds the route for a normalised authority, or answers the 403
 // for a host no target lists (when unlisted hosts are refused) and returns
 // nil.
-func (e *Egress) route(ctx *fasthttp.RequestCtx, tb *table, hostport []byte, hostLen int) *route {
+func (e *Egress) route(ctx *fasthttp.RequestCtx, tb *table, hostport []byte, hostLen int, start time.Time) *route {
 	r := tb.lookup(hostport, hostLen)
 	if r == nil {
 		respond.Unlisted(ctx, hostport[:hostLen])
 		e.stats.Reject(respond.ControlUnlisted, "egress")
-		e.stats.Target(unlistedName).Done(fasthttp.StatusForbidden, ctx.Time())
+		e.stats.Target(unlistedName).Done(fasthttp.StatusForbidden, start)
 	}
 	return r
 }
@@ -155,8 +238,13 @@ func (e *Egress) route(ctx *fasthttp.RequestCtx, tb *table, hostport []byte, hos
 // chosen (also one the listener could not read: a malformed head or
 // framing), and counts it as an unlisted host's.
 func (e *Egress) refuse(ctx *fasthttp.RequestCtx, status int, msg string) {
+	e.refuseAt(ctx, status, msg, ctx.Time())
+}
+
+// refuseAt is refuse for a request that arrived at start.
+func (e *Egress) refuseAt(ctx *fasthttp.RequestCtx, status int, msg string, start time.Time) {
 	respond.Error(ctx, status, msg)
-	e.stats.Target(unlistedName).Done(status, ctx.Time())
+	e.stats.Target(unlistedName).Done(status, start)
 }
 
 // refuseAdmission writes the refusal of a control and counts it.

@@ -35,7 +35,7 @@ func (e *Egress) connect(ctx *fasthttp.RequestCtx, tb *table, scan httpwire.Scan
 		e.refuse(ctx, fasthttp.StatusBadRequest, "CONNECT target "+strconv.Quote(string(authority))+" is not host:port")
 		return
 	}
-	r := e.route(ctx, tb, hostport, hostLen)
+	r := e.route(ctx, tb, hostport, hostLen, ctx.Time())
 	if r == nil {
 		return
 	}

@@ -820,21 +820,14 @@ func TestExpectContinueCheckedBeforeTheBody(t *testing.T) {
 	f := start(t, `  tenant: { header: x-tenant-id, rate: 2, window: 60 }`, func(ctx *fasthttp.RequestCtx) {
 		ctx.SetBody(ctx.Request.Body())
 	})
-	ask := func(length int) (*bufio.Reader, net.Conn) {
+	ask := func(length int) (*http.Response, *bufio.Reader, net.Conn) {
 		t.Helper()
-		c, err := net.Dial("tcp", f.addr)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { c.Close() })
-		_ = c.SetDeadline(time.Now().Add(10 * time.Second))
-		fmt.Fprintf(c, "POST / HTTP/1.1\r\nHost: w\r\nX-Tenant-Id: acme\r\nContent-Length: %d\r\nExpect: 100-continue\r\n\r\n", length)
-		return bufio.NewReader(c), c
+		return fasttest.AskToContinue(t, f.addr, fmt.Sprintf("POST / HTTP/1.1\r\nHost: w\r\nX-Tenant-Id: acme\r\nContent-Length: %d\r\nExpect: 100-continue\r\n\r\n", length))
 	}
 
-	br, c := ask(5)
-	if resp, err := http.ReadResponse(br, nil); err != nil || resp.StatusCode != http.StatusContinue {
-		t.Fatalf("first request, within the cap: %v %v, want 100 Continue", resp, err)
+	resp, br, c := ask(5)
+	if resp.StatusCode != http.StatusContinue {
+		t.Fatalf("first request, within the cap: %d, want 100 Continue", resp.StatusCode)
 	}
 	io.WriteString(c, "hello")
 	resp, err := http.ReadResponse(br, nil)
@@ -849,11 +842,7 @@ func TestExpectContinueCheckedBeforeTheBody(t *testing.T) {
 		t.Fatalf("second request, the cap's last: %d (the first was counted twice?)", resp.StatusCode)
 	}
 
-	br, _ = ask(10 << 20)
-	resp, err = http.ReadResponse(br, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+	resp, _, _ = ask(10 << 20)
 	body, _ = io.ReadAll(resp.Body)
 	if resp.StatusCode != 429 || resp.Header.Get("X-Warden-Control") != "tenant_rate" ||
 		string(body) != `{"control":"tenant_rate","quota":"tenant:acme","limit":2,"current":3,"retryAfterSeconds":60}` {
