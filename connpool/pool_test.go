@@ -681,3 +681,59 @@ func TestBytesPastTheResponseAreNotReused(t *testing.T) {
 		})
 	}
 }
+
+// TestAbort: Abort cuts short a request waiting for its answer (the
+// connection is closed, not reused, and the error is the client's), and
+// an Abort that came first sends nothing and leaves the connection in
+// the pool.
+func TestAbort(t *testing.T) {
+	gate := make(chan struct{})
+	var requests atomic.Int64
+	u := startUpstream(t, func(ctx *fasthttp.RequestCtx) {
+		requests.Add(1)
+		if string(ctx.Path()) == "/hold" {
+			<-gate
+		}
+	})
+	var once sync.Once
+	open := func() { once.Do(func() { close(gate) }) }
+	defer open()
+	p := newSet(t, clock.Real{}).Pool("t", Config{Addr: u.addr})
+
+	var a Abort
+	done := make(chan error, 1)
+	go func() {
+		_, _, err := exchange(t, p, &Request{Header: getRequest(u.addr, "/hold"), Abort: &a})
+		done <- err
+	}()
+	fasttest.WaitFor(t, "the request at the upstream", func() bool { return requests.Load() == 1 })
+	a.Abort()
+	err := <-done
+	if KindOf(err) != KindClient || !errors.Is(err, ErrAbandoned) {
+		t.Fatalf("aborted exchange: %v, want a client error with ErrAbandoned", err)
+	}
+	if st := p.Stats(); st.Open != 0 || st.Idle != 0 {
+		t.Fatalf("pool after the abort: %+v, want the connection gone", st)
+	}
+	open() // the upstream's answer finds the connection closed
+	fasttest.WaitFor(t, "the upstream to see its connection closed", func() bool { return u.closed.Load() == 1 })
+
+	if _, _, err := exchange(t, p, &Request{Header: getRequest(u.addr, "/")}); err != nil {
+		t.Fatal(err)
+	}
+	a.Reset()
+	a.Abort()
+	if _, _, err := exchange(t, p, &Request{Header: getRequest(u.addr, "/"), Abort: &a}); !errors.Is(err, ErrAbandoned) {
+		t.Fatalf("exchange aborted before it began: %v, want ErrAbandoned", err)
+	}
+	if n := requests.Load(); n != 2 {
+		t.Fatalf("upstream saw %d requests, want 2: an exchange aborted first was sent", n)
+	}
+	a.Reset()
+	if _, _, err := exchange(t, p, &Request{Header: getRequest(u.addr, "/"), Abort: &a}); err != nil {
+		t.Fatalf("after Reset: %v", err)
+	}
+	if n := u.opened.Load(); n != 2 {
+		t.Fatalf("upstream saw %d connections, want 2: the one an early abort left idle is reused", n)
+	}
+}

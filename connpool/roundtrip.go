@@ -30,6 +30,9 @@ type Request struct {
 	// nothing until then. Its deadline, if it has one, ends the wait as
 	// Deadline does. Nil means none.
 	Wait context.Context
+	// Abort, when set, lets another goroutine give the exchange up while
+	// the request is sent or its response awaited. Nil means never.
+	Abort *Abort
 	// Whole, when set, is asked with the response's status; when it
 	// answers true, a body of up to WholeBodyMax is read into the response
 	// whatever its framing (chunked, or longer than InlineBodyMax), so that
@@ -72,11 +75,19 @@ func (p *Pool) Do(req *Request, resp *fasthttp.Response, fin Finisher) (streamed
 		p.discard(c)
 		return false, wrap(KindUpstream, "set deadline on", p.cfg.Addr, err)
 	}
-	if err := p.writeRequest(c, req); err != nil {
-		p.discard(c)
-		return false, err
+	if !req.Abort.attach(c) {
+		p.release(c, true)
+		return false, &Error{Kind: KindClient, Op: "send request to", Addr: p.cfg.Addr, Err: ErrAbandoned}
 	}
-	if err := p.readHead(c, resp); err != nil {
+	err = p.writeRequest(c, req)
+	if err == nil {
+		err = p.readHead(c, resp)
+	}
+	if req.Abort.detach() {
+		p.discard(c)
+		return false, &Error{Kind: KindClient, Op: "wait for the response from", Addr: p.cfg.Addr, Err: ErrAbandoned}
+	}
+	if err != nil {
 		p.discard(c)
 		return false, err
 	}
@@ -274,3 +285,82 @@ var (
 	crlf      = []byte("\r\n")
 	lastChunk = []byte("0\r\n\r\n")
 )
+
+// ErrAbandoned is the cause of the KindClient error Do returns when its
+// Abort was called: the caller gave the exchange up (its client hung up).
+var ErrAbandoned = errors.New("abandoned: the client closed its connection before the response")
+
+// Abort lets another goroutine cut short a Do that is sending its request
+// or waiting for the response head: the connection's deadline is moved
+// to the past, so the write or read under way fails at once, the
+// connection is closed, and Do returns a KindClient error with
+// ErrAbandoned. The zero value is ready; it is reused after Reset. Its
+// methods may be called on a nil *Abort, which never aborts.
+type Abort struct {
+	mu      sync.Mutex
+	c       *Conn
+	aborted bool
+}
+
+// Abort cuts the exchange short, now or, if Do has not got its connection
+// yet, as soon as it does.
+func (a *Abort) Abort() {
+	if a == nil {
+		return
+	}
+	a.mu.Lock()
+	a.aborted = true
+	if a.c != nil {
+		_ = a.c.nc.SetDeadline(aLongTimeAgo)
+	}
+	a.mu.Unlock()
+}
+
+// Aborted reports whether Abort was called since the last Reset.
+func (a *Abort) Aborted() bool {
+	if a == nil {
+		return false
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.aborted
+}
+
+// Reset readies a for another exchange.
+func (a *Abort) Reset() {
+	if a == nil {
+		return
+	}
+	a.mu.Lock()
+	a.c, a.aborted = nil, false
+	a.mu.Unlock()
+}
+
+// attach makes c the connection Abort cuts; false means Abort came first.
+func (a *Abort) attach(c *Conn) bool {
+	if a == nil {
+		return true
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.aborted {
+		return false
+	}
+	a.c = c
+	return true
+}
+
+// detach ends Abort's hold on the connection, before it can go back to the
+// pool, and reports whether the exchange was aborted.
+func (a *Abort) detach() bool {
+	if a == nil {
+		return false
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.c = nil
+	return a.aborted
+}
+
+// aLongTimeAgo is a deadline that has passed.
+var aLongTimeAgo = time.Unix(1, 0)

@@ -35,10 +35,13 @@ const reasonMax = 4 << 10
 // exchange is the state of one admitted request; it outlives the handler
 // when the response body is streamed.
 type exchange struct {
-	e     *Egress
-	r     *route
-	adm   admit.Admission
-	wait  clientwait.Wait
+	e    *Egress
+	r    *route
+	adm  admit.Admission
+	wait clientwait.Wait
+	// guard gives the exchange up when its client hangs up while it is
+	// sent or its answer awaited; kept, with its timer, across reuses.
+	guard *clientwait.Guard
 	body  forward.Body
 	req   connpool.Request
 	start time.Time
@@ -83,7 +86,7 @@ func (x *exchange) done() {
 	x.adm.Release()
 	x.r.Stats.Done(x.code, x.start)
 	x.body.Release()
-	*x = exchange{body: x.body}
+	*x = exchange{body: x.body, guard: x.guard}
 	exchanges.Put(x)
 }
 
@@ -133,13 +136,18 @@ func (e *Egress) exchange(ctx *fasthttp.RequestCtx, x *exchange, pool *connpool.
 		r.Retry.RecordExecution()
 	}
 	ticket := x.adm.Ticket
+	if x.guard == nil {
+		x.guard = new(clientwait.Guard)
+	}
 	for attempt := 1; ; attempt++ {
+		x.guard.Start(e.opts.Clock, ctx.Conn(), &x.req)
 		streamed, err := pool.Do(&x.req, &ctx.Response, x)
+		gone := x.guard.Stop(err)
 		var again bool
 		if err != nil {
 			if connpool.KindOf(err) == connpool.KindClient {
 				ticket.Done(breaker.Neutral)
-				if x.wait.ClientGone() {
+				if gone || x.wait.ClientGone() {
 					x.clientGone(ctx)
 					return
 				}
@@ -207,9 +215,10 @@ func (x *exchange) deadline() time.Time {
 	return x.start.Add(x.r.Timeout)
 }
 
-// clientGone ends an exchange whose client hung up while it waited,
-// before anything was sent upstream: nobody is there to answer, so no
-// refusal is counted, and the connection is closed with nothing written.
+// clientGone ends an exchange whose client hung up before its answer
+// (while it waited, or while the upstream was asked): nobody is there to
+// answer, so no refusal is counted, and the connection is closed with
+// nothing written.
 func (x *exchange) clientGone(ctx *fasthttp.RequestCtx) {
 	ctx.SetConnectionClose()
 	x.code = clientwait.StatusGone

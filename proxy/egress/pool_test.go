@@ -1,6 +1,8 @@
 package egress
 
 import (
+	"io"
+	"net"
 	"strings"
 	"sync"
 	"testing"
@@ -9,6 +11,7 @@ import (
 	"github.com/valyala/fasthttp"
 
 	"github.com/warden-dev/warden/internal/fasttest"
+	"github.com/warden-dev/warden/proxy/clientwait"
 )
 
 // poolFixture's upstream holds every request until open is called (at the
@@ -143,5 +146,44 @@ func TestTimeoutBoundsPoolWait(t *testing.T) {
 	open()
 	if r := f.do(t, "GET", "http://api.test/", nil); r.status != 200 {
 		t.Fatalf("the breaker counted the wait in warden's own queue: %+v", r)
+	}
+}
+
+// TestClientLeavingGivesTheSlotBack: a client that hangs up while its
+// request waits for the upstream's answer gets the exchange given up at
+// the next client check: the pool's slot and the upstream connection are
+// freed for the next request instead of being held until the answer, and
+// the breaker hears nothing.
+func TestClientLeavingGivesTheSlotBack(t *testing.T) {
+	f, up, open := poolFixture(t, "{ concurrency: 1, queue: 5, max_wait: 30s }")
+	defer open()
+	c, err := net.Dial("tcp", f.addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := io.WriteString(c, "GET http://api.test/ HTTP/1.1\r\nHost: api.test\r\n\r\n"); err != nil {
+		t.Fatal(err)
+	}
+	fasttest.WaitFor(t, "the request at the upstream", func() bool { return up.InFlight.Load() == 1 })
+	next := f.goDo("GET", "http://api.test/next", nil)
+	fasttest.WaitFor(t, "the next request queued", func() bool { return queued(f) == 1 })
+
+	f.clk.Advance(clientwait.CheckInterval) // the client is still there
+	if up.Requests.Load() != 1 || queued(f) != 1 {
+		t.Fatal("an exchange whose client is still there was given up")
+	}
+	c.Close()
+	gone := f.gov.Metrics.Requests.WithLabelValues("egress", "api", "499")
+	fasttest.WaitFor(t, "the exchange given up", func() bool {
+		f.clk.Advance(clientwait.CheckInterval)
+		return fasttest.Value(gone) == 1
+	})
+	fasttest.WaitFor(t, "the next request at the upstream", func() bool { return up.Requests.Load() == 2 })
+	open()
+	if r := <-next; r.status != 200 {
+		t.Fatalf("next request: %+v", r)
+	}
+	if n := fasttest.Value(f.gov.Metrics.Rejections.WithLabelValues("upstream", "api")); n != 0 {
+		t.Errorf("rejections{upstream,api} = %v: the client's leaving was blamed on the upstream", n)
 	}
 }

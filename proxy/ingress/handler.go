@@ -10,6 +10,7 @@ import (
 	"github.com/valyala/fasthttp"
 
 	"github.com/warden-dev/warden/connpool"
+	"github.com/warden-dev/warden/proxy/clientwait"
 	"github.com/warden-dev/warden/proxy/forward"
 	"github.com/warden-dev/warden/proxy/httpwire"
 	"github.com/warden-dev/warden/proxy/respond"
@@ -183,7 +184,10 @@ func requestPath(uri []byte) []byte {
 // exchange is the state of one request forwarded to the worker; it
 // outlives the handler when the response body is streamed.
 type exchange struct {
-	body   forward.Body
+	body forward.Body
+	// guard gives the exchange up when its client hangs up before the
+	// worker answers; kept, with its timer, across reuses.
+	guard  clientwait.Guard
 	req    connpool.Request
 	target *stats.Target
 	start  time.Time
@@ -236,7 +240,16 @@ func (g *Ingress) forward(ctx *fasthttp.RequestCtx, rt *policyState, f httpwire.
 		x.done()
 		return
 	}
+	x.guard.Start(g.opts.Clock, ctx.Conn(), &x.req)
 	streamed, err := rt.worker.Do(&x.req, &ctx.Response, x)
+	if x.guard.Stop(err) {
+		// Nobody is there to answer: closed with nothing written, and
+		// counted as nginx counts it.
+		ctx.SetConnectionClose()
+		x.code = clientwait.StatusGone
+		x.done()
+		return
+	}
 	if err != nil {
 		if connpool.KindOf(err) == connpool.KindClient {
 			respond.Error(ctx, fasthttp.StatusBadRequest, err.Error())

@@ -18,6 +18,7 @@ import (
 	"github.com/warden-dev/warden/governor/clock"
 	"github.com/warden-dev/warden/internal/fasttest"
 	"github.com/warden-dev/warden/internal/loopback"
+	"github.com/warden-dev/warden/proxy/clientwait"
 	"github.com/warden-dev/warden/proxy/forward"
 )
 
@@ -850,5 +851,61 @@ func TestExpectContinueCheckedBeforeTheBody(t *testing.T) {
 	}
 	if n := f.worker.Requests.Load(); n != 2 {
 		t.Errorf("worker saw %d requests, want 2", n)
+	}
+}
+
+// TestClientLeavingClosesTheWorkerExchange: when a client hangs up while
+// the worker has not answered, the next client check gives the exchange
+// up: the connection to the worker is closed (the worker sees its end)
+// and the request is counted as 499, as nginx counts it.
+func TestClientLeavingClosesTheWorkerExchange(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	workerSaw := make(chan string, 1)
+	workerEOF := make(chan error, 1)
+	go func() {
+		c, err := ln.Accept()
+		if err != nil {
+			workerEOF <- err
+			return
+		}
+		defer c.Close()
+		_ = c.SetDeadline(time.Now().Add(10 * time.Second))
+		br := bufio.NewReader(c)
+		line, _ := br.ReadString('\n')
+		workerSaw <- line
+		// The request's head, then nothing: the worker never answers.
+		_, err = io.Copy(io.Discard, br)
+		workerEOF <- err
+	}()
+	f := startAt(t, "", ln.Addr().String())
+
+	c, err := net.Dial("tcp", f.addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := io.WriteString(c, "GET /slow HTTP/1.1\r\nHost: w\r\n\r\n"); err != nil {
+		t.Fatal(err)
+	}
+	if line := <-workerSaw; !strings.HasPrefix(line, "GET /slow ") {
+		t.Fatalf("worker saw %q", line)
+	}
+	f.clk.Advance(clientwait.CheckInterval) // the client is still there
+	select {
+	case err := <-workerEOF:
+		t.Fatalf("the exchange was given up with its client still there (%v)", err)
+	default:
+	}
+	c.Close()
+	gone := f.gov.Metrics.Requests.WithLabelValues("ingress", "worker", "499")
+	fasttest.WaitFor(t, "the exchange given up", func() bool {
+		f.clk.Advance(clientwait.CheckInterval)
+		return fasttest.Value(gone) == 1
+	})
+	if err := <-workerEOF; err != nil {
+		t.Fatalf("the worker's connection was not closed: %v", err)
 	}
 }

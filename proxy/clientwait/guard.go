@@ -1,0 +1,81 @@
+package clientwait
+
+import (
+	"errors"
+	"net"
+	"sync"
+
+	"github.com/warden-dev/warden/connpool"
+	"github.com/warden-dev/warden/governor/clock"
+	"github.com/warden-dev/warden/internal/rawio"
+)
+
+// Guard looks, every CheckInterval while a request is sent upstream and
+// its answer awaited, whether the request's client has hung up, and if so
+// gives the exchange up, as Envoy and nginx reset the upstream request of
+// a client that left: an answer nobody will read would otherwise hold an
+// upstream connection, and a pool's slot, until it came or the timeout
+// passed. It lives in a pooled exchange and is reused: after the first
+// Start it allocates nothing, so an answer within CheckInterval costs a
+// timer's reset and stop.
+type Guard struct {
+	abort connpool.Abort
+
+	mu   sync.Mutex
+	clk  clock.Clock
+	t    clock.Timer
+	conn net.Conn
+	on   bool
+	gone bool
+}
+
+// Start readies req to be given up, and watches conn, the connection of
+// the client req is for, until Stop.
+func (g *Guard) Start(clk clock.Clock, conn net.Conn, req *connpool.Request) {
+	g.abort.Reset()
+	req.Abort = &g.abort
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.conn, g.on, g.gone = conn, true, false
+	if g.t == nil || g.clk != clk {
+		if g.t != nil {
+			g.t.Stop()
+		}
+		g.clk = clk
+		g.t = clk.AfterFunc(CheckInterval, g.check)
+		return
+	}
+	g.t.Reset(CheckInterval)
+}
+
+// Stop ends the watch once the exchange is over; err is what it ended
+// with. It reports whether the exchange was given up because the client
+// had gone.
+func (g *Guard) Stop(err error) (gone bool) {
+	g.mu.Lock()
+	g.on = false
+	if g.t != nil {
+		g.t.Stop()
+	}
+	gone = g.gone
+	g.conn, g.gone = nil, false
+	g.mu.Unlock()
+	return gone && errors.Is(err, connpool.ErrAbandoned)
+}
+
+// check runs on the timer. One that fired as Stop ran finds the guard off,
+// or started again for the next request, which it checks as that
+// request's own timer would.
+func (g *Guard) check() {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if !g.on {
+		return
+	}
+	if rawio.Peek(g.conn) == rawio.PeekClosed {
+		g.gone, g.on = true, false
+		g.abort.Abort()
+		return
+	}
+	g.t.Reset(CheckInterval)
+}
