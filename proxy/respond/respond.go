@@ -63,15 +63,19 @@ func setInt(h *fasthttp.ResponseHeader, key string, v int64) {
 // Tenant writes SPEC §4's tenant 429: Retry-After, RateLimit-Limit,
 // RateLimit-Remaining, RateLimit-Reset, x-warden-control: tenant_rate and
 // {"control":"tenant_rate","quota":...,"limit":...,"current":...,"retryAfterSeconds":...}.
-// When a fail_closed shared backend is down the control is upstream.
+// When a fail_closed shared backend is down the control is upstream, and
+// the RateLimit fields are left out: nothing was counted, so they would
+// report a quota that was never looked at.
 func Tenant(ctx *fasthttp.RequestCtx, r tenant.Result, now time.Time) {
 	begin(ctx, fasthttp.StatusTooManyRequests, r.Control())
 	h := &ctx.Response.Header
 	secs := int64(r.RetryAfter(now))
 	setInt(h, fasthttp.HeaderRetryAfter, secs)
-	setInt(h, "RateLimit-Limit", r.Limit)
-	setInt(h, "RateLimit-Remaining", r.Remaining())
-	setInt(h, "RateLimit-Reset", secs)
+	if !r.Unavailable {
+		setInt(h, "RateLimit-Limit", r.Limit)
+		setInt(h, "RateLimit-Remaining", r.Remaining())
+		setInt(h, "RateLimit-Reset", secs)
+	}
 	var buf [160]byte
 	ctx.Response.SetBody(r.AppendBody(buf[:0], now)) // copied: buf may stay on the stack
 }
