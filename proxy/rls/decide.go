@@ -229,10 +229,14 @@ func (c *call) headers(j int, now time.Time, refused bool) []*corev3.HeaderValue
 		return nil
 	}
 	reset := strconv.FormatInt(c.resetSeconds(j, now), 10)
-	h := []*corev3.HeaderValue{
-		c.lims[j].limitHeader,
-		{Key: HeaderRemaining, Value: strconv.FormatInt(c.remaining(j), 10)},
-		{Key: HeaderReset, Value: reset},
+	var h []*corev3.HeaderValue
+	if !c.dec[j].Unavailable {
+		// A fail_closed outage counted nothing: no quota to report.
+		h = []*corev3.HeaderValue{
+			c.lims[j].limitHeader,
+			{Key: HeaderRemaining, Value: strconv.FormatInt(c.remaining(j), 10)},
+			{Key: HeaderReset, Value: reset},
+		}
 	}
 	if refused {
 		h = append(h, &corev3.HeaderValue{Key: HeaderRetryAfter, Value: reset},

@@ -547,6 +547,11 @@ func TestBackendDownFailClosed(t *testing.T) {
 	if resp.OverallCode != rlspb.RateLimitResponse_OVER_LIMIT || header(resp, HeaderControl) != ControlUpstream || header(resp, HeaderRetryAfter) != "1" {
 		t.Fatalf("fail_closed outage: %v", resp)
 	}
+	for _, k := range []string{HeaderLimit, HeaderRemaining, HeaderReset} {
+		if v := header(resp, k); v != "" {
+			t.Errorf("fail_closed outage sets %s: %s, though nothing was counted", k, v)
+		}
+	}
 	if got := counterValue(t, m.Rejections.WithLabelValues(ControlUpstream, "rls:edge")); got != 1 {
 		t.Fatalf("upstream rejections %v", got)
 	}
