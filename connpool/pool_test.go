@@ -737,3 +737,54 @@ func TestAbort(t *testing.T) {
 		t.Fatalf("upstream saw %d connections, want 2: the one an early abort left idle is reused", n)
 	}
 }
+
+// TestHTTP10RequestGoesAsHTTP11: a request read from an HTTP/1.0 client
+// goes upstream as warden's own HTTP/1.1 request, with a Host when it had
+// none, and the connection stays for the next request; the header keeps
+// the client's version for framing its response.
+func TestHTTP10RequestGoesAsHTTP11(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	heads := make(chan string, 2)
+	go func() {
+		c, err := ln.Accept()
+		if err != nil {
+			return
+		}
+		defer c.Close()
+		br := bufio.NewReader(c)
+		for range 2 {
+			req, err := http.ReadRequest(br)
+			if err != nil {
+				heads <- err.Error()
+				return
+			}
+			heads <- fmt.Sprintf("%s %s %s host=%q", req.Method, req.RequestURI, req.Proto, req.Host)
+			io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+		}
+	}()
+	p := newSet(t, clock.Real{}).Pool("t", Config{Addr: ln.Addr().String()})
+	cases := []struct{ raw, want string }{
+		{"GET /old HTTP/1.0\r\n\r\n", fmt.Sprintf("GET /old HTTP/1.1 host=%q", ln.Addr().String())},
+		{"GET /named HTTP/1.0\r\nHost: api.test\r\n\r\n", `GET /named HTTP/1.1 host="api.test"`},
+	}
+	for _, tc := range cases {
+		var h fasthttp.RequestHeader
+		if err := h.Read(bufio.NewReader(strings.NewReader(tc.raw))); err != nil {
+			t.Fatal(err)
+		}
+		h.ResetConnectionClose() // as the proxies' StripRequest does
+		if _, _, err := exchange(t, p, &Request{Header: &h}); err != nil {
+			t.Fatalf("%q: %v", tc.raw, err)
+		}
+		if got := <-heads; got != tc.want {
+			t.Errorf("upstream read %s, want %s", got, tc.want)
+		}
+		if h.IsHTTP11() || string(h.Protocol()) != "HTTP/1.0" {
+			t.Errorf("the client's version became %s", h.Protocol())
+		}
+	}
+}

@@ -1,6 +1,7 @@
 package connpool
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"errors"
@@ -183,7 +184,7 @@ func (p *Pool) readHead(c *Conn, resp *fasthttp.Response) error {
 func (p *Pool) writeRequest(c *Conn, req *Request) error {
 	bw := c.bw
 	writes := c.out.writes
-	if _, err := bw.Write(req.Header.Header()); err != nil {
+	if err := p.writeHead(bw, req.Header); err != nil {
 		return wrap(KindUpstream, "write request to", p.cfg.Addr, err)
 	}
 	var err error
@@ -214,6 +215,31 @@ func (p *Pool) writeRequest(c *Conn, req *Request) error {
 	}
 	return nil
 }
+
+// writeHead writes the request's head as warden's own HTTP/1.1 request:
+// an intermediary sends its own version (RFC 9110 §6.2), and an HTTP/1.0
+// request line would have the upstream close the connection after its
+// answer and frame that answer for an HTTP/1.0 client. The client's
+// version is put back afterwards: its response is framed for it. An
+// HTTP/1.0 request may come without Host, which HTTP/1.1 requires; it is
+// sent with the upstream's address, as nginx sends its proxy_host.
+func (p *Pool) writeHead(bw *bufio.Writer, h *fasthttp.RequestHeader) error {
+	if h.IsHTTP11() {
+		_, err := bw.Write(h.Header())
+		return err
+	}
+	var keep [16]byte
+	proto := append(keep[:0], h.Protocol()...)
+	h.SetProtocolBytes(http11)
+	if len(h.Host()) == 0 {
+		h.SetHost(p.cfg.Addr)
+	}
+	_, err := bw.Write(h.Header())
+	h.SetProtocolBytes(proto)
+	return err
+}
+
+var http11 = []byte("HTTP/1.1")
 
 // copyFixed copies exactly n body bytes from r, reading straight into the
 // writer's free buffer.
