@@ -60,10 +60,8 @@ type Admission struct {
 // back with a neutral outcome and pool leases already granted are released
 // and their rate slots refunded.
 func Admit(ctx context.Context, a *Admission, t *Target, caps *tenant.Caps, tenantKey []byte, listener string, now time.Time) (Refusal, bool) {
-	if caps != nil {
-		if r := caps.Check(tenantKey, now); !r.Allowed {
-			return Refusal{Control: r.Control(), Scope: listener, Tenant: r, RetryAfter: time.Duration(r.RetryAfter(now)) * time.Second}, false
-		}
+	if ref, ok := checkTenant(caps, tenantKey, listener, now); !ok {
+		return ref, false
 	}
 	ticket, retryAfter, ok := t.Breaker.Allow()
 	if !ok {
@@ -90,6 +88,33 @@ func Admit(ctx context.Context, a *Admission, t *Target, caps *tenant.Caps, tena
 			a.n++
 		} else {
 			l.Release()
+		}
+	}
+	return Refusal{}, true
+}
+
+// Ask runs, for a request that asks before it sends its body (Expect:
+// 100-continue), the controls that hold nothing: the tenant cap, which
+// counts the request as Admit would, and the breaker, without taking its
+// half-open probe. Pools are left to Admit, called with caps nil once the
+// body comes: a slot taken now would be held for a body that may never
+// arrive.
+func Ask(t *Target, caps *tenant.Caps, tenantKey []byte, listener string, now time.Time) (Refusal, bool) {
+	if ref, ok := checkTenant(caps, tenantKey, listener, now); !ok {
+		return ref, false
+	}
+	if retryAfter, refused := t.Breaker.Refuses(); refused {
+		return Refusal{Control: "circuit_breaker", Scope: t.Name, RetryAfter: retryAfter}, false
+	}
+	return Refusal{}, true
+}
+
+// checkTenant counts the request against its tenant's cap, when caps is
+// set, and says why it is refused.
+func checkTenant(caps *tenant.Caps, tenantKey []byte, listener string, now time.Time) (Refusal, bool) {
+	if caps != nil {
+		if r := caps.Check(tenantKey, now); !r.Allowed {
+			return Refusal{Control: r.Control(), Scope: listener, Tenant: r, RetryAfter: time.Duration(r.RetryAfter(now)) * time.Second}, false
 		}
 	}
 	return Refusal{}, true

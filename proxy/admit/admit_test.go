@@ -124,3 +124,39 @@ func TestHalfOpenProbeQueues(t *testing.T) {
 		t.Fatalf("breaker %v after a successful probe", b.State())
 	}
 }
+
+// TestAsk: Ask counts the tenant as Admit would and refuses on an open
+// breaker, but leaves the half-open probe, and every pool, to Admit.
+func TestAsk(t *testing.T) {
+	clk := clock.NewFake(t0)
+	counter := window.NewMemory(clk)
+	pools := pool.NewSet([]policy.Pool{{Name: "full", Concurrency: 1}}, counter, clk, nil)
+	caps := tenant.New("egress", &policy.TenantCap{Header: "x-tenant-id", Rate: 1, Window: 60}, nil, counter)
+	b := breaker.New("api", policy.CircuitBreaker{Enabled: true, FailureRatio: 0.5, MinimumRequests: 1, Window: time.Minute, Open: 5 * time.Second, MaxOpen: time.Minute}, clk)
+	tg := &Target{Name: "api", Breaker: b, Pools: []*pool.Pool{pools.Get("full")}}
+
+	if _, ok := Ask(tg, caps, []byte("acme"), "egress", t0); !ok {
+		t.Fatal("first ask refused")
+	}
+	if s := pools.Get("full").Snapshot(t0); s.InFlight != 0 {
+		t.Fatalf("Ask took a pool slot: %+v", s)
+	}
+	if ref, ok := Ask(tg, caps, []byte("acme"), "egress", t0); ok || ref.Control != tenant.Control || ref.Scope != "egress" {
+		t.Fatalf("second ask, over the cap of 1: %+v ok=%v (the first was not counted?)", ref, ok)
+	}
+	tk, _, _ := b.Allow()
+	tk.Done(breaker.Failure)
+	if ref, ok := Ask(tg, nil, nil, "egress", t0); ok || ref.Control != "circuit_breaker" || ref.Scope != "api" || ref.RetryAfter != 5*time.Second {
+		t.Fatalf("open breaker: %+v ok=%v", ref, ok)
+	}
+	clk.Advance(5 * time.Second)
+	if _, ok := Ask(tg, nil, nil, "egress", clk.Now()); !ok {
+		t.Fatal("ask after open refused")
+	}
+	var a Admission
+	if _, ok := Admit(context.Background(), &a, tg, nil, nil, "egress", clk.Now()); !ok || !a.Ticket.Probe() {
+		t.Fatalf("Admit after Ask: ok=%v probe=%v; want the half-open probe", ok, a.Ticket.Probe())
+	}
+	a.Ticket.Done(breaker.Success)
+	a.Release()
+}

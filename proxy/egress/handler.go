@@ -35,7 +35,7 @@ func (e *Egress) serve(ctx *fasthttp.RequestCtx) {
 	}
 	r := hd.r
 	x := getExchange(e, r, ctx.Time())
-	now := e.now(ctx)
+	now := e.now(ctx.Time())
 	caps := tb.caps
 	if ctx.Request.MayContinue() {
 		// expect counted it against its tenant before the body came.
@@ -143,13 +143,11 @@ func (e *Egress) readHead(ctx *fasthttp.RequestCtx, tb *table, hd *head, start t
 
 // expect answers a request that asks to be told before it sends its body
 // (Expect: 100-continue; curl asks for bodies over 1 MiB): what its head
-// decides runs now, the tenant cap and an open breaker included, so that a
-// refusal goes out before the client uploads a body only to have it
-// dropped. The tenant cap counts the request here, and serve does not count
-// it again. Pools are left to serve: a slot taken now would be held while
-// the body arrives, and never given back if it does not. fasthttp sends a
-// refusal as it is and closes the connection, which the client may already
-// be sending the body on.
+// decides runs now, with the controls that hold nothing (admit.Ask: the
+// tenant cap, counted here and not again by serve, and an open breaker),
+// so that a refusal goes out before the client uploads a body only to have
+// it dropped. fasthttp sends a refusal as it is and closes the connection,
+// which the client may already be sending the body on.
 func (e *Egress) expect(ctx *fasthttp.RequestCtx) int {
 	tb := e.table.Load()
 	if tb == nil {
@@ -165,22 +163,9 @@ func (e *Egress) expect(ctx *fasthttp.RequestCtx) int {
 	if r == nil {
 		return fasthttp.StatusContinue // CONNECT has no body
 	}
-	now := start
-	if !e.realClock {
-		now = e.opts.Clock.Now()
-	}
-	var ref admit.Refusal
-	if tb.caps != nil {
-		if res := tb.caps.Check(hd.scan.Want, now); !res.Allowed {
-			ref = admit.Refusal{Control: res.Control(), Scope: "egress", Tenant: res}
-		}
-	}
-	if ref.Control == "" {
-		if retryAfter, refused := r.Breaker.Refuses(); refused {
-			ref = admit.Refusal{Control: respond.ControlBreaker, Scope: r.Name, RetryAfter: retryAfter}
-		}
-	}
-	if ref.Control == "" {
+	now := e.now(start)
+	ref, ok := admit.Ask(&r.Target, tb.caps, hd.scan.Want, "egress", now)
+	if ok {
 		return fasthttp.StatusContinue
 	}
 	code := e.refuseAdmission(ctx, r, ref, now)
@@ -212,11 +197,11 @@ func defaultPort(https bool) string {
 	return "80"
 }
 
-// now is the request's time for windows and pools: the instant fasthttp
-// read when the request arrived, unless a test clock is in charge.
-func (e *Egress) now(ctx *fasthttp.RequestCtx) time.Time {
+// now is the request's time for windows and pools: the instant it
+// arrived, already read, unless a test clock is in charge.
+func (e *Egress) now(arrived time.Time) time.Time {
 	if e.realClock {
-		return ctx.Time()
+		return arrived
 	}
 	return e.opts.Clock.Now()
 }

@@ -48,7 +48,7 @@ func (e *Egress) connect(ctx *fasthttp.RequestCtx, tb *table, scan httpwire.Scan
 		addr = string(hostport)
 	}
 	t := &tunnel{e: e, r: r, start: ctx.Time()}
-	now := e.now(ctx)
+	now := e.now(ctx.Time())
 	// Waits end when the client hangs up, not when a drain begins. The
 	// hijacked connection is read only after this handler returns, so the
 	// client check is over by then.
