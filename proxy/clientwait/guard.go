@@ -26,7 +26,6 @@ type Guard struct {
 	t    clock.Timer
 	conn net.Conn
 	on   bool
-	gone bool
 }
 
 // Start readies req to be given up, and watches conn, the connection of
@@ -36,7 +35,7 @@ func (g *Guard) Start(clk clock.Clock, conn net.Conn, req *connpool.Request) {
 	req.Abort = &g.abort
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	g.conn, g.on, g.gone = conn, true, false
+	g.conn, g.on = conn, true
 	if g.t == nil || g.clk != clk {
 		if g.t != nil {
 			g.t.Stop()
@@ -50,17 +49,16 @@ func (g *Guard) Start(clk clock.Clock, conn net.Conn, req *connpool.Request) {
 
 // Stop ends the watch once the exchange is over; err is what it ended
 // with. It reports whether the exchange was given up because the client
-// had gone.
+// had gone: only the guard aborts, so that is an ErrAbandoned.
 func (g *Guard) Stop(err error) (gone bool) {
 	g.mu.Lock()
 	g.on = false
 	if g.t != nil {
 		g.t.Stop()
 	}
-	gone = g.gone
-	g.conn, g.gone = nil, false
+	g.conn = nil
 	g.mu.Unlock()
-	return gone && errors.Is(err, connpool.ErrAbandoned)
+	return errors.Is(err, connpool.ErrAbandoned)
 }
 
 // check runs on the timer. One that fired as Stop ran finds the guard off,
@@ -73,7 +71,7 @@ func (g *Guard) check() {
 		return
 	}
 	if rawio.Peek(g.conn) == rawio.PeekClosed {
-		g.gone, g.on = true, false
+		g.on = false
 		g.abort.Abort()
 		return
 	}
