@@ -743,18 +743,8 @@ func TestAbort(t *testing.T) {
 // none, and the connection stays for the next request; the header keeps
 // the client's version for framing its response.
 func TestHTTP10RequestGoesAsHTTP11(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
 	heads := make(chan string, 2)
-	go func() {
-		c, err := ln.Accept()
-		if err != nil {
-			return
-		}
-		defer c.Close()
+	addr := loopback.Serve(t, func(c net.Conn) {
 		br := bufio.NewReader(c)
 		for range 2 {
 			req, err := http.ReadRequest(br)
@@ -765,10 +755,10 @@ func TestHTTP10RequestGoesAsHTTP11(t *testing.T) {
 			heads <- fmt.Sprintf("%s %s %s host=%q", req.Method, req.RequestURI, req.Proto, req.Host)
 			io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
 		}
-	}()
-	p := newSet(t, clock.Real{}).Pool("t", Config{Addr: ln.Addr().String()})
+	})
+	p := newSet(t, clock.Real{}).Pool("t", Config{Addr: addr})
 	cases := []struct{ raw, want string }{
-		{"GET /old HTTP/1.0\r\n\r\n", fmt.Sprintf("GET /old HTTP/1.1 host=%q", ln.Addr().String())},
+		{"GET /old HTTP/1.0\r\n\r\n", fmt.Sprintf("GET /old HTTP/1.1 host=%q", addr)},
 		{"GET /named HTTP/1.0\r\nHost: api.test\r\n\r\n", `GET /named HTTP/1.1 host="api.test"`},
 	}
 	for _, tc := range cases {

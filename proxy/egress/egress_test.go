@@ -422,18 +422,24 @@ func TestExpectContinueCheckedBeforeTheBody(t *testing.T) {
 		}
 	}
 
-	resp, br, c := ask("flaky.test", "acme", 5)
-	if resp.StatusCode != http.StatusContinue {
-		t.Fatalf("first request, within the cap: %d, want 100 Continue", resp.StatusCode)
+	// goesThrough asks, is told to go on, sends a 5-byte body and gets 200.
+	goesThrough := func(tenant, what string) {
+		t.Helper()
+		resp, br, c := ask("flaky.test", tenant, 5)
+		if resp.StatusCode != http.StatusContinue {
+			t.Fatalf("%s: %d, want 100 Continue", what, resp.StatusCode)
+		}
+		io.WriteString(c, "hello")
+		if resp, err := http.ReadResponse(br, nil); err != nil || resp.StatusCode != 200 {
+			t.Fatalf("%s: %v %v, want 200", what, resp, err)
+		}
 	}
-	io.WriteString(c, "hello")
-	if resp, err := http.ReadResponse(br, nil); err != nil || resp.StatusCode != 200 {
-		t.Fatalf("first request: %v %v", resp, err)
-	}
+
+	goesThrough("acme", "first request, within the cap")
 	if r := f.do(t, "GET", "http://flaky.test/", map[string]string{"X-Tenant-Id": "acme"}); r.status != 200 {
 		t.Fatalf("second request, the cap's last: %+v (the first was counted twice?)", r)
 	}
-	resp, _, _ = ask("flaky.test", "acme", 10<<20)
+	resp, _, _ := ask("flaky.test", "acme", 10<<20)
 	refusedBeforeBody(resp, 429, "tenant_rate", `{"control":"tenant_rate","quota":"tenant:acme","limit":2,"current":3,"retryAfterSeconds":40}`)
 
 	resp, _, _ = ask("elsewhere.test", "beta", 10<<20)
@@ -453,14 +459,7 @@ func TestExpectContinueCheckedBeforeTheBody(t *testing.T) {
 	// follows is the probe, and closes the breaker.
 	f.clk.Advance(5 * time.Second)
 	up.status.Store(200)
-	resp, br, c = ask("flaky.test", "gamma", 5)
-	if resp.StatusCode != http.StatusContinue {
-		t.Fatalf("after open: %d, want 100 Continue", resp.StatusCode)
-	}
-	io.WriteString(c, "hello")
-	if resp, err := http.ReadResponse(br, nil); err != nil || resp.StatusCode != 200 {
-		t.Fatalf("the probe: %v %v, want 200", resp, err)
-	}
+	goesThrough("gamma", "the probe, after open")
 	if r := f.do(t, "GET", "http://flaky.test/", map[string]string{"X-Tenant-Id": "gamma"}); r.status != 200 {
 		t.Fatalf("after the probe: %+v, want the breaker closed", r)
 	}

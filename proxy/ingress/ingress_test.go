@@ -859,29 +859,20 @@ func TestExpectContinueCheckedBeforeTheBody(t *testing.T) {
 // up: the connection to the worker is closed (the worker sees its end)
 // and the request is counted as 499, as nginx counts it.
 func TestClientLeavingClosesTheWorkerExchange(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	workerSaw := make(chan string, 1)
-	workerEOF := make(chan error, 1)
-	go func() {
-		c, err := ln.Accept()
-		if err != nil {
-			workerEOF <- err
-			return
-		}
-		defer c.Close()
+	// Buffered past the one connection expected, so that a handler for an
+	// unexpected second one cannot block the cleanup.
+	workerSaw := make(chan string, 4)
+	workerEOF := make(chan error, 4)
+	worker := loopback.Serve(t, func(c net.Conn) {
 		_ = c.SetDeadline(time.Now().Add(10 * time.Second))
 		br := bufio.NewReader(c)
 		line, _ := br.ReadString('\n')
 		workerSaw <- line
 		// The request's head, then nothing: the worker never answers.
-		_, err = io.Copy(io.Discard, br)
+		_, err := io.Copy(io.Discard, br)
 		workerEOF <- err
-	}()
-	f := startAt(t, "", ln.Addr().String())
+	})
+	f := startAt(t, "", worker)
 
 	c, err := net.Dial("tcp", f.addr)
 	if err != nil {
