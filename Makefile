@@ -7,7 +7,7 @@ FUZZTIME ?= 10s
 FUZZ     := ./policy:FuzzParse ./governor/bridge:FuzzParseStartup ./governor/bridge:FuzzScanners ./proxy/rls:FuzzShouldRateLimit \
             ./scheduler:FuzzParseSubmit ./scheduler:FuzzKeyExpr ./scheduler:FuzzLookupJSON ./scheduler/store:FuzzDecode \
             ./proxy/httpwire:FuzzScanRequestHeaders ./proxy/httpwire:FuzzStripRequest \
-            ./proxy/httpwire:FuzzAuthority ./proxy/httpwire:FuzzSplitAbsoluteForm \
+            ./proxy/httpwire:FuzzAuthority ./proxy/httpwire:FuzzSplitAbsoluteForm ./proxy/httpwire:FuzzMaxForwards \
             ./connpool:FuzzChunkedReader ./internal/jsonstr:FuzzAppend ./proxy/grpcegress:FuzzServiceOf ./scheduler/store/pgstore:FuzzFirstSchema
 
 .PHONY: run build test test-unit fuzz lint vet fmt-check bench-limits bench-proxy bench-scheduler bench-bridge bench-rls clean

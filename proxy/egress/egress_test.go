@@ -464,3 +464,11 @@ func TestExpectContinueCheckedBeforeTheBody(t *testing.T) {
 		t.Fatalf("after the probe: %+v, want the breaker closed", r)
 	}
 }
+
+// TestMaxForwards: OPTIONS and TRACE end at the egress when Max-Forwards
+// is 0 (answered without the upstream) and go on one lower otherwise.
+func TestMaxForwards(t *testing.T) {
+	up := fasttest.StartUpstream(t, fasttest.EchoMaxForwards)
+	f := start(t, egressPolicy("  allow_unlisted: false", "targets:\n"+target("api", []string{"api.test"}, "http://"+up.Addr, "")), nil)
+	fasttest.CheckMaxForwards(t, f.addr, "http://api.test/v1/things", "api.test", up, forwardedMethods)
+}

@@ -14,6 +14,9 @@ import (
 	"github.com/warden-dev/warden/proxy/respond"
 )
 
+// forwardedMethods is what the egress passes on, for Allow.
+const forwardedMethods = "GET, HEAD, POST, PUT, PATCH, DELETE, OPTIONS, TRACE, CONNECT"
+
 // maxAuthority bounds the normalised host:port a route is looked up by.
 const maxAuthority = 300
 
@@ -34,6 +37,18 @@ func (e *Egress) serve(ctx *fasthttp.RequestCtx) {
 		return
 	}
 	r := hd.r
+	// Answered before admission, as a framing refusal is: the request
+	// reaches no upstream. expect leaves it to here: it changes the header.
+	final, err := httpwire.MaxForwards(&ctx.Request.Header, hd.scan.Fields)
+	if err != nil || final {
+		if err != nil {
+			respond.Error(ctx, fasthttp.StatusBadRequest, "request refused: "+err.Error())
+		} else {
+			respond.FinalRecipient(ctx, forwardedMethods)
+		}
+		r.Stats.Done(ctx.Response.StatusCode(), ctx.Time())
+		return
+	}
 	x := getExchange(e, r, ctx.Time())
 	now := e.now(ctx.Time())
 	caps := tb.caps

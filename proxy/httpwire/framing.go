@@ -46,6 +46,7 @@ const (
 	HasRequestID
 	HasIdempotencyKey // with a non-empty value
 	HasWant           // the header the caller asked for
+	HasMaxForwards
 
 	hopByHop = HasConnection | HasKeepAlive | HasProxy | HasTE | HasTrailer | HasUpgrade | HasExpect
 )
@@ -164,6 +165,9 @@ func classify(name, value []byte, seen Fields) (Fields, error) {
 		// An empty id is no id: the ingress gives the request one.
 		if equalFold(name, "x-request-id") && len(value) > 0 {
 			return HasRequestID, nil
+		}
+		if equalFold(name, "max-forwards") {
+			return HasMaxForwards, nil
 		}
 	case 14:
 		if equalFold(name, "content-length") {

@@ -17,6 +17,9 @@ import (
 	"github.com/warden-dev/warden/proxy/stats"
 )
 
+// forwardedMethods is what the ingress passes to the worker, for Allow.
+const forwardedMethods = "GET, HEAD, POST, PUT, PATCH, DELETE, OPTIONS, TRACE"
+
 // serve is the request path: framing checks, tenant cap, request ID, then
 // the mounted handler or the worker.
 func (g *Ingress) serve(ctx *fasthttp.RequestCtx) {
@@ -27,7 +30,7 @@ func (g *Ingress) serve(ctx *fasthttp.RequestCtx) {
 	}
 	// A request that asked before sending its body was checked, and
 	// counted against its tenant, by expect.
-	fields, mounted, ok := g.check(ctx, rt, ctx.Time(), !ctx.Request.MayContinue())
+	fields, mounted, ok := g.check(ctx, rt, ctx.Time(), !ctx.Request.MayContinue(), true)
 	if !ok {
 		return
 	}
@@ -55,17 +58,18 @@ func (g *Ingress) expect(ctx *fasthttp.RequestCtx) int {
 		return fasthttp.StatusContinue // serve answers 503
 	}
 	// fasthttp stamps the request's time (ctx.Time) after this call.
-	if _, _, ok := g.check(ctx, rt, time.Now(), true); !ok {
+	if _, _, ok := g.check(ctx, rt, time.Now(), true, false); !ok {
 		return ctx.Response.StatusCode()
 	}
 	return fasthttp.StatusContinue
 }
 
 // check runs the checks a request's head decides, the tenant cap among
-// them when capped, and answers (and counts) a refusal itself; the request
-// arrived at start. It returns the header fields seen and, for the runs
-// API, its mount.
-func (g *Ingress) check(ctx *fasthttp.RequestCtx, rt *policyState, start time.Time, capped bool) (httpwire.Fields, *mount, bool) {
+// them when capped and Max-Forwards when hops (once per request: it
+// changes the header), and answers (and counts) a refusal itself, or the
+// OPTIONS or TRACE that ends here; the request arrived at start. It
+// returns the header fields seen and, for the runs API, its mount.
+func (g *Ingress) check(ctx *fasthttp.RequestCtx, rt *policyState, start time.Time, capped, hops bool) (httpwire.Fields, *mount, bool) {
 	h := &ctx.Request.Header
 	// A refusal is counted under the target the request was for: the run
 	// API's (scheduler) or the worker's.
@@ -96,10 +100,25 @@ func (g *Ingress) check(ctx *fasthttp.RequestCtx, rt *policyState, start time.Ti
 		// A reverse proxy opens no tunnels: passed on, the worker's 2xx
 		// would tell the client its connection is now a tunnel.
 		respond.Error(ctx, fasthttp.StatusMethodNotAllowed, "request refused: CONNECT opens no tunnel through the ingress")
-		ctx.Response.Header.Set(fasthttp.HeaderAllow, "GET, HEAD, POST, PUT, PATCH, DELETE, OPTIONS")
+		ctx.Response.Header.Set(fasthttp.HeaderAllow, forwardedMethods)
 		ctx.SetConnectionClose()
 		target.Done(fasthttp.StatusMethodNotAllowed, start)
 		return 0, nil, false
+	}
+	if hops {
+		// Answered before the tenant cap, as a framing refusal is: the
+		// request reaches no worker.
+		final, err := httpwire.MaxForwards(h, scan.Fields)
+		if err != nil {
+			respond.Error(ctx, fasthttp.StatusBadRequest, "request refused: "+err.Error())
+			target.Done(fasthttp.StatusBadRequest, start)
+			return 0, nil, false
+		}
+		if final {
+			respond.FinalRecipient(ctx, forwardedMethods)
+			target.Done(fasthttp.StatusOK, start)
+			return 0, nil, false
+		}
 	}
 	if capped && rt.caps != nil {
 		now := g.now(start)

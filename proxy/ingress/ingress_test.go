@@ -900,3 +900,10 @@ func TestClientLeavingClosesTheWorkerExchange(t *testing.T) {
 		t.Fatalf("the worker's connection was not closed: %v", err)
 	}
 }
+
+// TestMaxForwards: OPTIONS and TRACE end at the ingress when Max-Forwards
+// is 0 (answered without the worker) and go on one lower otherwise.
+func TestMaxForwards(t *testing.T) {
+	f := start(t, "", fasttest.EchoMaxForwards)
+	fasttest.CheckMaxForwards(t, f.addr, "/v1/things", "worker.test", f.worker, forwardedMethods)
+}

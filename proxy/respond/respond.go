@@ -15,6 +15,7 @@ import (
 	"github.com/warden-dev/warden/governor/pool"
 	"github.com/warden-dev/warden/governor/tenant"
 	"github.com/warden-dev/warden/internal/jsonstr"
+	"github.com/warden-dev/warden/proxy/httpwire"
 )
 
 // HeaderControl names the control that refused or shaped a response.
@@ -168,4 +169,21 @@ func Error(ctx *fasthttp.RequestCtx, status int, msg string) {
 	if status == fasthttp.StatusBadRequest || status == fasthttp.StatusRequestEntityTooLarge {
 		ctx.SetConnectionClose()
 	}
+}
+
+// FinalRecipient answers an OPTIONS or TRACE request whose Max-Forwards
+// reached 0 at this proxy (RFC 9110 §7.6.2), as the server would: OPTIONS
+// with 200 and the methods the listener forwards in Allow, TRACE with 200
+// and the request echoed as message/http (RFC 9110 §9.3.8).
+func FinalRecipient(ctx *fasthttp.RequestCtx, allow string) {
+	h := &ctx.Request.Header
+	ctx.Response.Reset()
+	ctx.Response.SetStatusCode(fasthttp.StatusOK)
+	if h.IsTrace() {
+		ctx.Response.Header.SetContentType("message/http")
+		ctx.Response.SetBodyRaw(httpwire.TraceEcho(h))
+		return
+	}
+	ctx.Response.Header.Set(fasthttp.HeaderAllow, allow)
+	ctx.Response.Header.SetNoDefaultContentType(true)
 }
