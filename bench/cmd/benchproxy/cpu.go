@@ -64,3 +64,24 @@ func parentOf(pid int) (int, bool) {
 	ppid, err := strconv.Atoi(f[1])
 	return ppid, err == nil
 }
+
+// idleTime is the CPU time the machine's CPUs have spent idle (idle and
+// iowait in /proc/stat's cpu line). Per request at saturation it is the
+// capacity a path leaves unused while its requests wait on one another's
+// wake-ups: with every process sharing the same cores, it is what
+// separates two proxies that spend the same CPU per request but do not
+// reach the same throughput.
+func idleTime() time.Duration {
+	b, err := os.ReadFile("/proc/stat")
+	if err != nil {
+		return 0
+	}
+	line, _, _ := strings.Cut(string(b), "\n")
+	f := strings.Fields(line)
+	if len(f) < 6 || f[0] != "cpu" {
+		return 0
+	}
+	idle, _ := strconv.ParseInt(f[4], 10, 64)
+	iowait, _ := strconv.ParseInt(f[5], 10, 64)
+	return time.Duration(idle+iowait) * clockTick
+}

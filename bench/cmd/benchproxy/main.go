@@ -426,6 +426,7 @@ type row struct {
 	rps              float64
 	cpu              time.Duration // the path's process CPU per request at saturation
 	upCPU            time.Duration // the upstream's, in the same run
+	idle             time.Duration // the machine's idle CPU per request, in the same run
 	rate             float64       // the half-saturation rate of the latency run
 	p50, p99, p999   time.Duration // at that rate
 	d50, d99, d999   time.Duration // direct, at the same rate, just before
@@ -453,11 +454,12 @@ func measure(o options, out string, paths []path) error {
 				results[i] = append(results[i], r)
 				continue
 			}
-			cpu0, up0 := cpuTime(p.pid), cpuTime(paths[0].pid)
+			cpu0, up0, idle0 := cpuTime(p.pid), cpuTime(paths[0].pid), idleTime()
 			res, err := load(o, p.addr, 0)
 			if err == nil && res.Total > 0 {
 				r.cpu = (cpuTime(p.pid) - cpu0) / time.Duration(res.Total)
 				r.upCPU = (cpuTime(paths[0].pid) - up0) / time.Duration(res.Total)
+				r.idle = (idleTime() - idle0) / time.Duration(res.Total)
 			}
 			if err != nil {
 				r.failed, r.err = true, err.Error()
@@ -467,7 +469,7 @@ func measure(o options, out string, paths []path) error {
 			}
 			r.rps, r.measured = res.RPS, true
 			r.sat50, r.sat99 = res.Latency.Quantile(0.5), res.Latency.Quantile(0.99)
-			fmt.Fprintf(logf, "round %d %-15s saturation %8.0f req/s p50 %v p99 %v cpu/req %v\n", round+1, p.name, r.rps, r.sat50, r.sat99, r.cpu)
+			fmt.Fprintf(logf, "round %d %-15s saturation %8.0f req/s p50 %v p99 %v cpu/req %v idle/req %v\n", round+1, p.name, r.rps, r.sat50, r.sat99, r.cpu, r.idle)
 			results[i] = append(results[i], r)
 		}
 		// Latency at half of each proxy's own saturation, beside the
@@ -541,7 +543,7 @@ func us1(d time.Duration) string { return fmt.Sprintf("%.1fµs", float64(d)/1e3)
 
 func render(paths []path, results [][]row) string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "\n%-18s %11s %9s %9s %10s %9s %9s %9s\n", "path", "req/s", "CPU/req", "up CPU", "rate", "+p50", "+p99", "+p99.9")
+	fmt.Fprintf(&b, "\n%-18s %11s %9s %9s %9s %10s %9s %9s %9s\n", "path", "req/s", "CPU/req", "up CPU", "idle", "rate", "+p50", "+p99", "+p99.9")
 	rps := map[string]float64{}
 	index := map[string]int{}
 	for i, p := range paths {
@@ -563,10 +565,11 @@ func render(paths []path, results [][]row) string {
 		c, _ := median(results[i], func(r row) time.Duration { return r.cpu })
 		cpu[p.name] = c
 		upc, _ := median(results[i], func(r row) time.Duration { return r.upCPU })
+		idle, _ := median(results[i], func(r row) time.Duration { return r.idle })
 		if i == 0 {
 			s50, _ := median(results[i], func(r row) time.Duration { return r.sat50 })
 			s99, _ := median(results[i], func(r row) time.Duration { return r.sat99 })
-			fmt.Fprintf(&b, "%-18s %11.0f %9s %9s %10s %9s %9s %9s   (upstream alone; at saturation p50 %s p99 %s)\n", p.name, sat, us1(c), us1(upc), "-", "-", "-", "-", us(s50), us(s99))
+			fmt.Fprintf(&b, "%-18s %11.0f %9s %9s %9s %10s %9s %9s %9s   (upstream alone; at saturation p50 %s p99 %s)\n", p.name, sat, us1(c), us1(upc), us1(idle), "-", "-", "-", "-", us(s50), us(s99))
 			continue
 		}
 		rate, _ := median(results[i], func(r row) float64 { return r.rate })
@@ -574,10 +577,11 @@ func render(paths []path, results [][]row) string {
 		a99, _ := median(results[i], func(r row) time.Duration { return r.p99 - r.d99 })
 		a999, _ := median(results[i], func(r row) time.Duration { return r.p999 - r.d999 })
 		added99[p.name] = a99
-		fmt.Fprintf(&b, "%-18s %11.0f %9s %9s %10.0f %9s %9s %9s\n", p.name, sat, us1(c), us1(upc), rate, us(a50), us(a99), us(a999))
+		fmt.Fprintf(&b, "%-18s %11.0f %9s %9s %9s %10.0f %9s %9s %9s\n", p.name, sat, us1(c), us1(upc), us1(idle), rate, us(a50), us(a99), us(a999))
 	}
 	b.WriteString("\nreq/s: closed loop at saturation. CPU/req: the proxy process's CPU per request there (for direct, the\n" +
-		"upstream's); up CPU: the upstream's in the same runs. +pNN: latency added over the direct path\n" +
+		"upstream's); up CPU: the upstream's in the same runs; idle: the machine's CPU left idle per request\n" +
+		"there (both cores; capacity no process used). +pNN: latency added over the direct path\n" +
 		"measured at the same rate, half of that path's saturation, open loop. Medians over the rounds;\n" +
 		"\"round by round\" is the median (and range) of the throughput ratios taken within each round.\n")
 	b.WriteString("\nratios (throughput, higher is better; CPU per request, lower is better; added p99):\n")
