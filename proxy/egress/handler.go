@@ -39,14 +39,8 @@ func (e *Egress) serve(ctx *fasthttp.RequestCtx) {
 	r := hd.r
 	// Answered before admission, as a framing refusal is: the request
 	// reaches no upstream. expect leaves it to here: it changes the header.
-	final, err := httpwire.MaxForwards(&ctx.Request.Header, hd.scan.Fields)
-	if err != nil || final {
-		if err != nil {
-			respond.Error(ctx, fasthttp.StatusBadRequest, "request refused: "+err.Error())
-		} else {
-			respond.FinalRecipient(ctx, forwardedMethods)
-		}
-		r.Stats.Done(ctx.Response.StatusCode(), ctx.Time())
+	if code := respond.MaxForwards(ctx, hd.scan.Fields, forwardedMethods); code != 0 {
+		r.Stats.Done(code, ctx.Time())
 		return
 	}
 	x := getExchange(e, r, ctx.Time())

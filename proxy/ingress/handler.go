@@ -20,22 +20,32 @@ import (
 // forwardedMethods is what the ingress passes to the worker, for Allow.
 const forwardedMethods = "GET, HEAD, POST, PUT, PATCH, DELETE, OPTIONS, TRACE"
 
-// serve is the request path: framing checks, tenant cap, request ID, then
-// the mounted handler or the worker.
+// serve is the request path: framing checks, Max-Forwards, tenant cap,
+// request ID, then the mounted handler or the worker.
 func (g *Ingress) serve(ctx *fasthttp.RequestCtx) {
 	rt := g.rt.Load()
 	if rt == nil {
 		respond.Error(ctx, fasthttp.StatusServiceUnavailable, "ingress is not configured")
 		return
 	}
-	// A request that asked before sending its body was checked, and
-	// counted against its tenant, by expect.
-	fields, mounted, ok := g.check(ctx, rt, ctx.Time(), !ctx.Request.MayContinue(), true)
+	start := ctx.Time()
+	scan, mounted, target, ok := g.check(ctx, rt, start)
 	if !ok {
 		return
 	}
+	// Answered before the tenant cap, as a framing refusal is: the request
+	// reaches no worker. expect leaves it to here: it changes the header.
+	if code := respond.MaxForwards(ctx, scan.Fields, forwardedMethods); code != 0 {
+		target.Done(code, start)
+		return
+	}
+	// A request that asked before sending its body was counted against its
+	// tenant by expect.
+	if !ctx.Request.MayContinue() && !g.capTenant(ctx, rt, scan.Want, target, start) {
+		return
+	}
 	h := &ctx.Request.Header
-	if fields&httpwire.HasRequestID == 0 {
+	if scan.Fields&httpwire.HasRequestID == 0 {
 		var id [32]byte
 		h.SetBytesV("X-Request-Id", g.ids.Append(id[:0]))
 	}
@@ -43,7 +53,7 @@ func (g *Ingress) serve(ctx *fasthttp.RequestCtx) {
 		g.serveMounted(ctx, rt, mounted)
 		return
 	}
-	g.forward(ctx, rt, fields)
+	g.forward(ctx, rt, scan.Fields)
 }
 
 // expect answers a request that asks to be told before it sends its body
@@ -58,21 +68,21 @@ func (g *Ingress) expect(ctx *fasthttp.RequestCtx) int {
 		return fasthttp.StatusContinue // serve answers 503
 	}
 	// fasthttp stamps the request's time (ctx.Time) after this call.
-	if _, _, ok := g.check(ctx, rt, time.Now(), true, false); !ok {
+	start := time.Now()
+	scan, _, target, ok := g.check(ctx, rt, start)
+	if !ok || !g.capTenant(ctx, rt, scan.Want, target, start) {
 		return ctx.Response.StatusCode()
 	}
 	return fasthttp.StatusContinue
 }
 
-// check runs the checks a request's head decides, the tenant cap among
-// them when capped and Max-Forwards when hops (once per request: it
-// changes the header), and answers (and counts) a refusal itself, or the
-// OPTIONS or TRACE that ends here; the request arrived at start. It
-// returns the header fields seen and, for the runs API, its mount.
-func (g *Ingress) check(ctx *fasthttp.RequestCtx, rt *policyState, start time.Time, capped, hops bool) (httpwire.Fields, *mount, bool) {
+// check runs the checks a request's head decides but the tenant cap
+// (capTenant), and answers (and counts) a refusal itself; the request
+// arrived at start. It returns what the header scan found, the mount for
+// the runs API, and the target the request is counted under: the run
+// API's (scheduler) or the worker's.
+func (g *Ingress) check(ctx *fasthttp.RequestCtx, rt *policyState, start time.Time) (httpwire.Scan, *mount, *stats.Target, bool) {
 	h := &ctx.Request.Header
-	// A refusal is counted under the target the request was for: the run
-	// API's (scheduler) or the worker's.
 	m := g.mount.Load()
 	if m != nil && !m.matches(requestPath(h.RequestURI())) {
 		m = nil
@@ -85,7 +95,7 @@ func (g *Ingress) check(ctx *fasthttp.RequestCtx, rt *policyState, start time.Ti
 		respond.Error(ctx, fasthttp.StatusHTTPVersionNotSupported, "request refused: "+err.Error())
 		ctx.SetConnectionClose()
 		target.Done(fasthttp.StatusHTTPVersionNotSupported, start)
-		return 0, nil, false
+		return httpwire.Scan{}, nil, nil, false
 	}
 	scan, err := httpwire.ScanRequestHeaders(h.RawHeaders(), rt.tenantHeader)
 	if err == nil && scan.Fields&httpwire.HasHost == 0 && h.IsHTTP11() {
@@ -94,7 +104,7 @@ func (g *Ingress) check(ctx *fasthttp.RequestCtx, rt *policyState, start time.Ti
 	if err != nil {
 		respond.Error(ctx, fasthttp.StatusBadRequest, "request refused: "+err.Error())
 		target.Done(fasthttp.StatusBadRequest, start)
-		return 0, nil, false
+		return httpwire.Scan{}, nil, nil, false
 	}
 	if h.IsConnect() {
 		// A reverse proxy opens no tunnels: passed on, the worker's 2xx
@@ -103,33 +113,26 @@ func (g *Ingress) check(ctx *fasthttp.RequestCtx, rt *policyState, start time.Ti
 		ctx.Response.Header.Set(fasthttp.HeaderAllow, forwardedMethods)
 		ctx.SetConnectionClose()
 		target.Done(fasthttp.StatusMethodNotAllowed, start)
-		return 0, nil, false
+		return httpwire.Scan{}, nil, nil, false
 	}
-	if hops {
-		// Answered before the tenant cap, as a framing refusal is: the
-		// request reaches no worker.
-		final, err := httpwire.MaxForwards(h, scan.Fields)
-		if err != nil {
-			respond.Error(ctx, fasthttp.StatusBadRequest, "request refused: "+err.Error())
-			target.Done(fasthttp.StatusBadRequest, start)
-			return 0, nil, false
-		}
-		if final {
-			respond.FinalRecipient(ctx, forwardedMethods)
-			target.Done(fasthttp.StatusOK, start)
-			return 0, nil, false
-		}
+	return scan, m, target, true
+}
+
+// capTenant counts the request against the tenant named by want, when the
+// ingress has a tenant cap, and answers (and counts under target) the 429
+// when it is over.
+func (g *Ingress) capTenant(ctx *fasthttp.RequestCtx, rt *policyState, want []byte, target *stats.Target, start time.Time) bool {
+	if rt.caps == nil {
+		return true
 	}
-	if capped && rt.caps != nil {
-		now := g.now(start)
-		if res := rt.caps.Check(scan.Want, now); !res.Allowed {
-			respond.Tenant(ctx, res, now)
-			g.stats.Reject(res.Control(), "ingress")
-			target.Done(fasthttp.StatusTooManyRequests, start)
-			return 0, nil, false
-		}
+	now := g.now(start)
+	if res := rt.caps.Check(want, now); !res.Allowed {
+		respond.Tenant(ctx, res, now)
+		g.stats.Reject(res.Control(), "ingress")
+		target.Done(fasthttp.StatusTooManyRequests, start)
+		return false
 	}
-	return scan.Fields, m, true
+	return true
 }
 
 // now is the request's time for the tenant windows: the instant it

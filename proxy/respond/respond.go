@@ -171,11 +171,29 @@ func Error(ctx *fasthttp.RequestCtx, status int, msg string) {
 	}
 }
 
-// FinalRecipient answers an OPTIONS or TRACE request whose Max-Forwards
+// MaxForwards applies Max-Forwards (httpwire.MaxForwards) to the request
+// with header fields f, and answers the request when it ends here: 400 for
+// a value that is not one decimal number, or, at 0, as the final
+// recipient, where allow lists the methods the listener passes on. It
+// returns the status it answered with, or 0 when the request goes on.
+func MaxForwards(ctx *fasthttp.RequestCtx, f httpwire.Fields, allow string) int {
+	final, err := httpwire.MaxForwards(&ctx.Request.Header, f)
+	switch {
+	case err != nil:
+		Error(ctx, fasthttp.StatusBadRequest, "request refused: "+err.Error())
+		return fasthttp.StatusBadRequest
+	case final:
+		finalRecipient(ctx, allow)
+		return fasthttp.StatusOK
+	}
+	return 0
+}
+
+// finalRecipient answers an OPTIONS or TRACE request whose Max-Forwards
 // reached 0 at this proxy (RFC 9110 §7.6.2), as the server would: OPTIONS
-// with 200 and the methods the listener forwards in Allow, TRACE with 200
-// and the request echoed as message/http (RFC 9110 §9.3.8).
-func FinalRecipient(ctx *fasthttp.RequestCtx, allow string) {
+// with 200 and allow in Allow, TRACE with 200 and the request echoed as
+// message/http (RFC 9110 §9.3.8).
+func finalRecipient(ctx *fasthttp.RequestCtx, allow string) {
 	h := &ctx.Request.Header
 	ctx.Response.Reset()
 	ctx.Response.SetStatusCode(fasthttp.StatusOK)
