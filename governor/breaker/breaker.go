@@ -32,6 +32,9 @@ import (
 	"github.com/warden-dev/warden/policy"
 )
 
+// Control is the control name a breaker's refusals report (SPEC §4).
+const Control = "circuit_breaker"
+
 // numBuckets splits the rolling window. With 20 buckets the counted span is
 // between 95% and 100% of the configured window, close enough that operators
 // reading "30s" are not surprised, without storing one entry per request.

@@ -65,7 +65,7 @@ func Admit(ctx context.Context, a *Admission, t *Target, caps *tenant.Caps, tena
 	}
 	ticket, retryAfter, ok := t.Breaker.Allow()
 	if !ok {
-		return Refusal{Control: "circuit_breaker", Scope: t.Name, RetryAfter: retryAfter}, false
+		return Refusal{Control: breaker.Control, Scope: t.Name, RetryAfter: retryAfter}, false
 	}
 	a.Ticket = ticket
 	for _, p := range t.Pools {
@@ -104,7 +104,7 @@ func Ask(t *Target, caps *tenant.Caps, tenantKey []byte, listener string, now ti
 		return ref, false
 	}
 	if retryAfter, refused := t.Breaker.Refuses(); refused {
-		return Refusal{Control: "circuit_breaker", Scope: t.Name, RetryAfter: retryAfter}, false
+		return Refusal{Control: breaker.Control, Scope: t.Name, RetryAfter: retryAfter}, false
 	}
 	return Refusal{}, true
 }

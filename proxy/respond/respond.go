@@ -32,7 +32,9 @@ func MarkControl(h *fasthttp.ResponseHeader, control string) {
 
 // Control names used here beyond the governor's own (SPEC §4).
 const (
-	ControlBreaker  = "circuit_breaker"
+	// ControlBreaker is the breaker's own, named here beside the others
+	// the responses carry.
+	ControlBreaker  = breaker.Control
 	ControlUpstream = "upstream"
 	ControlTimeout  = "timeout"
 	// ControlUnlisted refuses hosts no target matches when
