@@ -6,7 +6,7 @@ FUZZTIME ?= 10s
 # Packages with fuzz targets and the targets to run briefly on every test run.
 FUZZ     := ./policy:FuzzParse ./governor/bridge:FuzzParseStartup ./governor/bridge:FuzzScanners ./proxy/rls:FuzzShouldRateLimit \
             ./scheduler:FuzzParseSubmit ./scheduler:FuzzKeyExpr ./scheduler:FuzzLookupJSON ./scheduler/store:FuzzDecode \
-            ./proxy/httpwire:FuzzScanRequestHeaders ./proxy/httpwire:FuzzStripRequest \
+            ./proxy/httpwire:FuzzScanRequestHeaders ./proxy/httpwire:FuzzStripRequest ./proxy/httpwire:FuzzAddDate \
             ./proxy/httpwire:FuzzAuthority ./proxy/httpwire:FuzzSplitAbsoluteForm ./proxy/httpwire:FuzzMaxForwards \
             ./connpool:FuzzChunkedReader ./internal/jsonstr:FuzzAppend ./proxy/grpcegress:FuzzServiceOf ./scheduler/store/pgstore:FuzzFirstSchema
 

@@ -472,3 +472,11 @@ func TestMaxForwards(t *testing.T) {
 	f := start(t, egressPolicy("  allow_unlisted: false", "targets:\n"+target("api", []string{"api.test"}, "http://"+up.Addr, "")), nil)
 	fasttest.CheckMaxForwards(t, f.addr, "http://api.test/v1/things", "api.test", up, forwardedMethods)
 }
+
+// An upstream's response keeps the Date it came with, and one that came
+// without gets the egress's (RFC 9110 §6.6.1).
+func TestDate(t *testing.T) {
+	up := fasttest.DateUpstream(t)
+	f := start(t, egressPolicy("  allow_unlisted: false", "targets:\n"+target("api", []string{"api.test"}, up.URL, "")), nil)
+	fasttest.CheckDate(t, f.addr, "http://api.test", "api.test")
+}

@@ -1,8 +1,10 @@
 package httpwire
 
 import (
+	"bufio"
 	"bytes"
 	"iter"
+	"sync"
 
 	"github.com/valyala/fasthttp"
 )
@@ -164,14 +166,18 @@ func delBytes(h header, name []byte) {
 // fate is not the upstream's to decide. Its status line carries warden's
 // own version, HTTP/1.1, whatever the upstream's was (RFC 9110 §6.2): the
 // body is framed for the client anew, chunked when its length is unknown,
-// which an "HTTP/1.0" status line would forbid.
+// which an "HTTP/1.0" status line would forbid. A response that came
+// without a Date gets one (addDate).
 func StripResponse(h *fasthttp.ResponseHeader) (upstreamClose bool) {
 	h.SetProtocol(http11)
 	upstreamClose = h.ConnectionClose()
 	h.ResetConnectionClose()
 	var f Fields
+	dated := false
 	for k := range h.All() {
 		switch len(k) {
+		case 4:
+			dated = dated || equalFold(k, "date")
 		case 2:
 			if equalFold(k, "te") {
 				f |= HasTE
@@ -193,16 +199,59 @@ func StripResponse(h *fasthttp.ResponseHeader) (upstreamClose bool) {
 			f |= HasProxy
 		}
 	}
-	if f == 0 {
-		return upstreamClose
+	if f != 0 {
+		delHopByHop(h, f)
+		if f&HasTE != 0 {
+			h.Del(fasthttp.HeaderTE)
+		}
+		h.ResetConnectionClose()
 	}
-	delHopByHop(h, f)
-	if f&HasTE != 0 {
-		h.Del(fasthttp.HeaderTE)
+	if !dated {
+		addDate(h)
 	}
-	h.ResetConnectionClose()
 	return upstreamClose
 }
+
+// addDate has fasthttp write its Date on a response that came without
+// one, as RFC 9110 §6.6.1 asks of a recipient with a clock that passes a
+// response on; a Date that came is passed on as it came (a cache reckons
+// the response's age from it). fasthttp lets no setter write Date, and
+// writes its own only on a header that was Reset since the request began:
+// the flag that asks for it has no setter. So the header is written out,
+// Reset and read back, which gives the fields it held. Only responses
+// without a Date pay for it, and every HTTP server with a clock sends one.
+func addDate(h *fasthttp.ResponseHeader) {
+	r := rereads.Get().(*reread)
+	defer rereads.Put(r)
+	r.head = h.AppendBytes(r.head[:0])
+	h.CopyTo(&r.kept)
+	h.Reset()
+	h.SetNoDefaultContentType(true)
+	r.src.Reset(r.head)
+	if r.br.Size() <= len(r.head) { // a head larger than any before
+		r.br = bufio.NewReaderSize(&r.src, len(r.head)+1)
+	}
+	r.br.Reset(&r.src)
+	if err := h.Read(r.br); err != nil {
+		// What fasthttp wrote it can read; should it not, the response
+		// goes on as it came, without a Date, rather than changed.
+		r.kept.CopyTo(h)
+	}
+}
+
+// reread is addDate's scratch space.
+type reread struct {
+	head []byte
+	kept fasthttp.ResponseHeader
+	src  bytes.Reader
+	br   *bufio.Reader
+}
+
+var rereads = sync.Pool{New: func() any {
+	r := new(reread)
+	r.br = bufio.NewReaderSize(&r.src, 8<<10)
+	return r
+}}
 
 var http11 = []byte("HTTP/1.1")
 

@@ -137,6 +137,96 @@ func TestStripResponse(t *testing.T) {
 	}
 }
 
+// addDate changes nothing of a response but its Date: every field, in
+// its order, with the flags fasthttp keeps beside them (Content-Length,
+// Content-Type, Server, cookies, the status line) reads back as it was.
+// The Date itself is checked end to end (fasttest.CheckDate): only a
+// server's response header can be told to leave Date out.
+func TestAddDateKeepsTheFields(t *testing.T) {
+	for _, raw := range []string{
+		"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nContent-Type: application/json\r\nServer: up\r\n" +
+			"Set-Cookie: a=1; Path=/\r\nSet-Cookie: b=2\r\nX-Multi: 1\r\nx-lower: v\r\nX-Multi: 2\r\nContent-Encoding: gzip\r\n\r\nok",
+		"HTTP/1.1 404 Gone Fishing\r\nTransfer-Encoding: chunked\r\nCache-Control: no-store\r\n\r\n0\r\n\r\n",
+		"HTTP/1.1 304 Not Modified\r\nETag: \"x\"\r\nContent-Length: 10\r\n\r\n",
+		"HTTP/1.1 204 No Content\r\nX-A: 1\r\n\r\n",
+		"HTTP/1.1 200 OK\r\n\r\n",
+	} {
+		var resp fasthttp.Response
+		resp.Header.SetNoDefaultContentType(true)
+		if err := resp.Header.Read(bufio.NewReader(strings.NewReader(raw))); err != nil {
+			t.Fatal(err)
+		}
+		want := withoutDate(resp.Header.String())
+		cl := resp.Header.ContentLength()
+		addDate(&resp.Header)
+		if got := withoutDate(resp.Header.String()); got != want {
+			t.Errorf("addDate changed\n%q\ninto\n%q", want, got)
+		}
+		if got := resp.Header.ContentLength(); got != cl {
+			t.Errorf("%q: Content-Length %d, was %d", raw, got, cl)
+		}
+	}
+}
+
+// FuzzAddDate: whatever response head fasthttp reads, addDate leaves its
+// fields, status line and framing as they were. A status that has no body
+// (1xx, 204, 304) has no framing to keep: fasthttp writes no
+// Transfer-Encoding on it, so a chunked one reads back as no framing.
+func FuzzAddDate(f *testing.F) {
+	f.Add("200 OK", "Content-Length: 2\r\nSet-Cookie: a=1\r\nX-A: 1\r\n")
+	f.Add("304 Not Modified", "ETag: \"e\"\r\nContent-Length: 7\r\n")
+	f.Add("204 No Content", "Transfer-Encoding: chunked\r\n")
+	f.Add("404 Nope", "Content-Type: text/html\r\nContent-Encoding: br\r\nServer: s\r\nTrailer: X-T\r\n")
+	f.Fuzz(func(t *testing.T, status, fields string) {
+		var h fasthttp.ResponseHeader
+		h.SetNoDefaultContentType(true)
+		if err := h.Read(bufio.NewReader(strings.NewReader("HTTP/1.1 " + status + "\r\n" + fields + "\r\n"))); err != nil {
+			return
+		}
+		want, cl, code := withoutDate(h.String()), h.ContentLength(), h.StatusCode()
+		bodiless := code < 200 || code == fasthttp.StatusNoContent || code == fasthttp.StatusNotModified
+		addDate(&h)
+		if got := withoutDate(h.String()); got != want || (h.ContentLength() != cl && !bodiless) || h.StatusCode() != code {
+			t.Fatalf("addDate changed\n%q (length %d)\ninto\n%q (length %d)", want, cl, got, h.ContentLength())
+		}
+	})
+}
+
+func withoutDate(head string) string {
+	var b strings.Builder
+	for line := range strings.SplitSeq(head, "\r\n") {
+		if !strings.HasPrefix(strings.ToLower(line), "date:") {
+			b.WriteString(line + "\r\n")
+		}
+	}
+	return b.String()
+}
+
+// BenchmarkStripResponse: a response that came with a Date, and one that
+// came without (addDate).
+func BenchmarkStripResponse(b *testing.B) {
+	for _, bc := range []struct{ name, date string }{
+		{"dated", "Date: Mon, 30 Nov 2026 10:00:00 GMT\r\n"},
+		{"undated", ""},
+	} {
+		raw := "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 2\r\n" + bc.date + "X-Request-Id: 0123456789abcdef\r\n\r\n"
+		b.Run(bc.name, func(b *testing.B) {
+			var h fasthttp.ResponseHeader
+			br := bufio.NewReader(nil)
+			src := strings.NewReader(raw)
+			b.ReportAllocs()
+			for b.Loop() {
+				src.Reset(raw)
+				br.Reset(src)
+				if err := h.Read(br); err != nil {
+					b.Fatal(err)
+				}
+				StripResponse(&h)
+			}
+		})
+	}
+}
+
 // FuzzStripRequest feeds arbitrary header blocks through fasthttp's parser,
 // the framing scan and the stripping, and checks that no hop-by-hop header
 // and no header named by Connection survives.

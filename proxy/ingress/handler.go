@@ -156,6 +156,11 @@ func (g *Ingress) serveMounted(ctx *fasthttp.RequestCtx, rt *policyState, m *mou
 			respond.Error(ctx, fasthttp.StatusBadRequest, err.Error())
 		}
 	} else {
+		// The run API's answers are warden's own: a Reset header is the
+		// one fasthttp writes its Date on (respond's answers get theirs
+		// the same way).
+		ctx.Response.Header.Reset()
+		ctx.Response.Header.SetNoDefaultContentType(true)
 		m.h(ctx)
 	}
 	rt.mounted.Done(ctx.Response.StatusCode(), ctx.Time())

@@ -430,6 +430,11 @@ func TestMount(t *testing.T) {
 		}
 		defer resp.Body.Close()
 		b, _ := io.ReadAll(resp.Body)
+		// The run API's answers, its refusals and the worker's (which
+		// sends none) all carry a Date.
+		if d := resp.Header.Values("Date"); len(d) != 1 {
+			t.Errorf("%s: Date %q, want one", path, d)
+		}
 		return resp.StatusCode, string(b)
 	}
 	if st, b := post("/v1/runs", `{"name":"x"}`); st != 200 || b != `runs /v1/runs {"name":"x"}` {
@@ -906,4 +911,12 @@ func TestClientLeavingClosesTheWorkerExchange(t *testing.T) {
 func TestMaxForwards(t *testing.T) {
 	f := start(t, "", fasttest.EchoMaxForwards)
 	fasttest.CheckMaxForwards(t, f.addr, "/v1/things", "worker.test", f.worker, forwardedMethods)
+}
+
+// A worker's response keeps the Date it came with, and one that came
+// without gets the ingress's (RFC 9110 §6.6.1).
+func TestDate(t *testing.T) {
+	up := fasttest.DateUpstream(t)
+	f := startAt(t, "", strings.TrimPrefix(up.URL, "http://"))
+	fasttest.CheckDate(t, f.addr, "", "worker.test")
 }

@@ -80,7 +80,9 @@ func serveUpstream(addr string) {
 			ctx.SetContentType("application/json")
 			ctx.SetBody(body)
 		},
-		NoDefaultDate:   true,
+		// It sends a Date, as a server with a clock must (RFC 9110
+		// §6.6.1): warden passes one on and adds one only where none
+		// came, and nginx replaces it with its own.
 		CloseOnShutdown: true,
 	}
 	if err := s.ListenAndServe(addr); err != nil {
