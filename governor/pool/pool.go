@@ -216,6 +216,46 @@ func (p *Pool) Acquire(ctx context.Context, priority int, now time.Time) (Lease,
 	return p.wait(ctx, w, now)
 }
 
+// Refuses reports whether Acquire at now would refuse at once, and with
+// what, without taking, counting or queueing anything: the queue has no
+// room, or the pool waits for nobody (max_wait 0s) while a gate is shut.
+// The egress asks it of a request that waits for 100 Continue, so that a
+// body Acquire would refuse is never uploaded. It is a reading, not a
+// reservation: Acquire may still refuse what it let through. On a shared
+// pool only the sidecar's own queue is read; its gates are in Redis, and
+// when nobody queues here a shut gate is Acquire's to find.
+func (p *Pool) Refuses(now time.Time) (*Rejection, bool) {
+	p.mu.Lock()
+	var control string
+	if p.shared != nil {
+		if len(p.waiters) == 0 {
+			p.mu.Unlock()
+			return nil, false
+		}
+		control = p.sharedControlLocked()
+	} else {
+		_, blockedBy, shut := p.blockedLocked(now)
+		if len(p.waiters) == 0 && !shut {
+			p.mu.Unlock()
+			return nil, false
+		}
+		control = blockedBy
+	}
+	noWait := p.noWaitLocked()
+	full := p.cfg.Queue <= 0 || len(p.waiters) >= p.cfg.Queue
+	p.mu.Unlock()
+	var err error
+	switch {
+	case noWait:
+		err = p.waitedZero(control, now)
+	case full:
+		err = p.queueFull(now)
+	default:
+		return nil, false // it would wait its turn
+	}
+	return err.(*Rejection), true
+}
+
 // noWaitLocked reports a pool with a queue but max_wait 0s: a caller
 // without room waits at most 0s, that is, not at all, and is refused by the
 // gate that blocked it, as after any other max_wait.

@@ -266,6 +266,11 @@ func TestQueueFull(t *testing.T) {
 			l.Release()
 		}()
 		waitQueued(t, p, 1)
+		// Asked first (an Expect request's head), on either backend: the
+		// sidecar's own queue is full.
+		if r, refused := p.Refuses(clk.Now()); !refused || r.Control != ControlQueue {
+			t.Fatalf("Refuses: %v %v, want pool_queue", r, refused)
+		}
 		_, err := p.Acquire(context.Background(), 0, clk.Now())
 		if r := rejection(t, err); r.Control != ControlQueue {
 			t.Fatalf("control %s, want pool_queue", r.Control)
@@ -273,6 +278,64 @@ func TestQueueFull(t *testing.T) {
 		first.Release()
 		<-done
 	})
+}
+
+// TestRefuses: Refuses tells, without taking anything, what Acquire would
+// refuse at once, and names the same control; a request Acquire would
+// admit or queue is not refused.
+func TestRefuses(t *testing.T) {
+	tests := []struct {
+		name          string
+		cfg           policy.Pool
+		takes, queued int
+		control       string // "": not refused
+	}{
+		{"room", policy.Pool{Name: "p", Concurrency: 2, Rate: 5, Window: 60}, 1, 0, ""},
+		{"no queue, concurrency full", policy.Pool{Name: "p", Concurrency: 2}, 2, 0, ControlQueue},
+		{"no queue, rate spent", policy.Pool{Name: "p", Rate: 3, Window: 60}, 3, 0, ControlQueue},
+		{"max_wait 0s, concurrency full", policy.Pool{Name: "p", Concurrency: 1, Queue: 5}, 1, 0, ControlConcurrency},
+		{"max_wait 0s, rate spent", policy.Pool{Name: "p", Rate: 1, Window: 3600, Queue: 5}, 1, 0, ControlRate},
+		{"room in the queue", policy.Pool{Name: "p", Concurrency: 1, Queue: 2, MaxWait: time.Hour}, 1, 1, ""},
+		{"queue full", policy.Pool{Name: "p", Concurrency: 1, Queue: 2, MaxWait: time.Hour}, 1, 2, ControlQueue},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			clk := clock.NewFake(t0)
+			p := newSet(clk, tc.cfg).Get("p")
+			for i := range tc.takes {
+				if _, err := p.Acquire(context.Background(), 0, clk.Now()); err != nil {
+					t.Fatalf("take %d: %v", i+1, err)
+				}
+			}
+			ctx, cancel := context.WithCancel(context.Background())
+			var wg sync.WaitGroup
+			for range tc.queued {
+				wg.Add(1)
+				go func() { defer wg.Done(); _, _ = p.Acquire(ctx, 0, clk.Now()) }()
+			}
+			defer func() { cancel(); wg.Wait() }()
+			waitQueued(t, p, tc.queued)
+			before := p.Snapshot(clk.Now())
+
+			r, refused := p.Refuses(clk.Now())
+			if got := p.Snapshot(clk.Now()); got != before {
+				t.Fatalf("Refuses changed the pool: %+v, was %+v", got, before)
+			}
+			if tc.control == "" {
+				if refused {
+					t.Fatalf("refused by %s, want let through", r.Control)
+				}
+				return
+			}
+			if !refused || r.Control != tc.control || r.Pool != "p" {
+				t.Fatalf("Refuses: %+v %v, want refused by %s", r, refused, tc.control)
+			}
+			_, err := p.Acquire(context.Background(), 0, clk.Now())
+			if a := rejection(t, err); a.Control != r.Control || a.RetryAfter != r.RetryAfter {
+				t.Fatalf("Acquire refused with %+v, Refuses said %+v", a, r)
+			}
+		})
+	}
 }
 
 func TestPriorityThenAge(t *testing.T) {

@@ -94,17 +94,24 @@ func Admit(ctx context.Context, a *Admission, t *Target, caps *tenant.Caps, tena
 }
 
 // Ask runs, for a request that asks before it sends its body (Expect:
-// 100-continue), the controls that hold nothing: the tenant cap, which
-// counts the request as Admit would, and the breaker, without taking its
-// half-open probe. Pools are left to Admit, called with caps nil once the
-// body comes: a slot taken now would be held for a body that may never
-// arrive.
+// 100-continue), the controls without taking anything from them: the
+// tenant cap, which counts the request as Admit would; the breaker,
+// without taking its half-open probe; and each pool, which refuses here
+// only what its Acquire would refuse at once (pool.Refuses: its queue is
+// full, or it waits for nobody and a gate is shut). Pool slots are left to
+// Admit, called with caps nil once the body comes: a slot taken now would
+// be held for a body that may never arrive.
 func Ask(t *Target, caps *tenant.Caps, tenantKey []byte, listener string, now time.Time) (Refusal, bool) {
 	if ref, ok := checkTenant(caps, tenantKey, listener, now); !ok {
 		return ref, false
 	}
 	if retryAfter, refused := t.Breaker.Refuses(); refused {
 		return Refusal{Control: breaker.Control, Scope: t.Name, RetryAfter: retryAfter}, false
+	}
+	for _, p := range t.Pools {
+		if rej, refused := p.Refuses(now); refused {
+			return Refusal{Control: rej.Control, Scope: rej.Pool, RetryAfter: rej.RetryAfter, Pool: rej}, false
+		}
 	}
 	return Refusal{}, true
 }

@@ -126,7 +126,8 @@ func TestHalfOpenProbeQueues(t *testing.T) {
 }
 
 // TestAsk: Ask counts the tenant as Admit would and refuses on an open
-// breaker, but leaves the half-open probe, and every pool, to Admit.
+// breaker or a pool that would refuse at once, but leaves the half-open
+// probe, and every pool slot, to Admit.
 func TestAsk(t *testing.T) {
 	clk := clock.NewFake(t0)
 	counter := window.NewMemory(clk)
@@ -158,5 +159,10 @@ func TestAsk(t *testing.T) {
 		t.Fatalf("Admit after Ask: ok=%v probe=%v; want the half-open probe", ok, a.Ticket.Probe())
 	}
 	a.Ticket.Done(breaker.Success)
+	// The breaker closed, the pool's one slot still held and no queue: the
+	// pool would refuse at once, and Ask says so before any body comes.
+	if ref, ok := Ask(tg, nil, nil, "egress", clk.Now()); ok || ref.Control != pool.ControlQueue || ref.Scope != "full" || ref.Pool == nil {
+		t.Fatalf("full pool: %+v ok=%v, want pool_queue", ref, ok)
+	}
 	a.Release()
 }

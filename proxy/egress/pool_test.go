@@ -3,6 +3,7 @@ package egress
 import (
 	"io"
 	"net"
+	"net/http"
 	"strings"
 	"sync"
 	"testing"
@@ -61,6 +62,35 @@ func TestPoolRefusals(t *testing.T) {
 		if r.status != 429 || r.header.Get("X-Warden-Control") != "pool_queue" || r.header.Get("Retry-After") != "1" ||
 			r.body != `{"control":"pool_queue","pool":"p","target":"api","retryAfterSeconds":1}` {
 			t.Fatalf("%+v", r)
+		}
+		if n := fasttest.Value(f.gov.Metrics.Rejections.WithLabelValues("pool_queue", "p")); n != 1 {
+			t.Fatalf("rejections{pool_queue,p} = %v", n)
+		}
+	})
+	// A request that waits for 100 Continue hears the queue-full refusal
+	// before it sends its body; with room in the queue it is told to go on
+	// and waits there once the body has come.
+	t.Run("queue full, before the body", func(t *testing.T) {
+		f, up, open := poolFixture(t, "{ concurrency: 1, queue: 1, max_wait: 30s }")
+		a := f.goDo("GET", "http://api.test/", nil)
+		fasttest.WaitFor(t, "one in flight", func() bool { return up.InFlight.Load() == 1 })
+		head := "POST http://api.test/ HTTP/1.1\r\nHost: api.test\r\nContent-Length: 5\r\nExpect: 100-continue\r\n\r\n"
+		resp, br, c := fasttest.AskToContinue(t, f.addr, head)
+		if resp.StatusCode != 100 {
+			t.Fatalf("with room in the queue: %d, want 100 Continue", resp.StatusCode)
+		}
+		io.WriteString(c, "hello")
+		fasttest.WaitFor(t, "the POST queued", func() bool { return queued(f) == 1 })
+		resp, _, _ = fasttest.AskToContinue(t, f.addr, head)
+		body, _ := io.ReadAll(resp.Body)
+		if resp.StatusCode != 429 || resp.Header.Get("X-Warden-Control") != "pool_queue" ||
+			string(body) != `{"control":"pool_queue","pool":"p","target":"api","retryAfterSeconds":1}` {
+			t.Fatalf("queue full: %d %v %s, want pool_queue's 429 before the body", resp.StatusCode, resp.Header, body)
+		}
+		open()
+		<-a
+		if r, err := http.ReadResponse(br, nil); err != nil || r.StatusCode != 200 {
+			t.Fatalf("the queued POST: %v %v, want 200", r, err)
 		}
 		if n := fasttest.Value(f.gov.Metrics.Rejections.WithLabelValues("pool_queue", "p")); n != 1 {
 			t.Fatalf("rejections{pool_queue,p} = %v", n)
