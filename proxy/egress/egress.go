@@ -18,6 +18,7 @@ import (
 	"github.com/warden-dev/warden/governor/clock"
 	"github.com/warden-dev/warden/governor/metrics"
 	"github.com/warden-dev/warden/proxy/listener"
+	"github.com/warden-dev/warden/proxy/splice"
 	"github.com/warden-dev/warden/proxy/stats"
 )
 
@@ -44,7 +45,7 @@ type Egress struct {
 	slot *listener.Slot
 	mu   sync.Mutex // serialises Apply and Shutdown
 
-	tunnels tunnels
+	tunnels splice.Set
 }
 
 // New returns a stopped egress; Apply starts it.
@@ -66,7 +67,6 @@ func New(opts Options) *Egress {
 		stats:     stats.NewListener("egress", opts.Metrics),
 		pools:     connpool.NewSet(opts.Clock, 0),
 		tlsBase:   base,
-		tunnels:   tunnels{open: map[*tunnel]struct{}{}},
 	}
 	e.slot = listener.NewSlot("egress", opts.Clock, opts.Log, func(addr string) (listener.Server, error) {
 		srv := listener.ProxyServer(e.serve, e.refuse, opts.Log)
@@ -122,7 +122,7 @@ func (e *Egress) Shutdown(ctx context.Context) error {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	return e.slot.Shutdown(ctx, func() error {
-		err := e.tunnels.drain(ctx)
+		err := e.tunnels.Drain(ctx)
 		e.pools.Close()
 		return err
 	})

@@ -1,11 +1,8 @@
 package egress
 
 import (
-	"context"
-	"io"
 	"net"
 	"strconv"
-	"sync"
 	"time"
 
 	"github.com/valyala/fasthttp"
@@ -16,6 +13,7 @@ import (
 	"github.com/warden-dev/warden/proxy/clientwait"
 	"github.com/warden-dev/warden/proxy/httpwire"
 	"github.com/warden-dev/warden/proxy/respond"
+	"github.com/warden-dev/warden/proxy/splice"
 )
 
 // defaultConnectTimeout bounds dialling a tunnel whose target has no
@@ -98,8 +96,8 @@ func (e *Egress) connect(ctx *fasthttp.RequestCtx, tb *table, scan httpwire.Scan
 		return
 	}
 	t.adm.Ticket.Done(breaker.Success)
-	t.up = up
-	if !e.tunnels.add(t) {
+	t.sp = splice.New(up)
+	if !e.tunnels.Add(t.sp) {
 		up.Close()
 		t.adm.Release()
 		respond.Error(ctx, fasthttp.StatusServiceUnavailable, "egress is shutting down")
@@ -116,135 +114,17 @@ type tunnel struct {
 	r     *route
 	adm   admit.Admission
 	start time.Time
-	up    net.Conn
-
-	mu     sync.Mutex
-	client net.Conn
-	closed bool
+	sp    *splice.Tunnel
 }
 
 var established = []byte("HTTP/1.1 200 Connection Established\r\n\r\n")
 
-// run pumps bytes both ways until either side is done, then closes both.
+// run pumps bytes both ways until either side is done, then closes both;
+// the pool slot is held until then.
 func (t *tunnel) run(client net.Conn) {
-	defer t.e.tunnels.remove(t)
+	defer t.e.tunnels.Remove(t.sp)
 	defer t.adm.Release()
-	t.mu.Lock()
-	if t.closed {
-		t.mu.Unlock()
-		t.up.Close()
-		return
-	}
-	t.client = client
-	t.mu.Unlock()
-	if _, err := client.Write(established); err != nil {
-		t.close()
-		return
-	}
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		_, _ = io.Copy(t.up, client)
-		closeWrite(t.up)
-	}()
-	_, _ = io.Copy(client, t.up)
-	// The upstream is done sending: the client must see the end of the
-	// stream (a server may speak until it closes), while it may still be
-	// sending itself. fasthttp's wrapper of a hijacked connection cannot
-	// half-close; the connection under it can.
-	if u, ok := client.(interface{ UnsafeConn() net.Conn }); ok {
-		closeWrite(u.UnsafeConn())
-	}
-	<-done
-	t.close()
-}
-
-// closeWrite half-closes c so the peer sees the end of this direction
-// while the other direction finishes.
-func closeWrite(c net.Conn) {
-	if cw, ok := c.(interface{ CloseWrite() error }); ok {
-		_ = cw.CloseWrite()
-		return
-	}
-	_ = c.Close()
-}
-
-func (t *tunnel) close() {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	t.closed = true
-	t.up.Close()
-	if t.client != nil {
-		// fasthttp closes a hijacked connection only when the hijack
-		// handler returns, so Close alone would not wake a blocked read; a
-		// past deadline does.
-		_ = t.client.SetDeadline(time.Unix(1, 0))
-		t.client.Close()
-	}
-}
-
-// tunnels tracks the open tunnels so that shutdown can wait for them and
-// cut them at the deadline.
-type tunnels struct {
-	mu       sync.Mutex
-	open     map[*tunnel]struct{}
-	draining bool
-	empty    chan struct{} // closed when the last tunnel ends while draining
-}
-
-func (ts *tunnels) add(t *tunnel) bool {
-	ts.mu.Lock()
-	defer ts.mu.Unlock()
-	if ts.draining {
-		return false
-	}
-	ts.open[t] = struct{}{}
-	return true
-}
-
-func (ts *tunnels) remove(t *tunnel) {
-	ts.mu.Lock()
-	defer ts.mu.Unlock()
-	delete(ts.open, t)
-	if ts.draining && len(ts.open) == 0 && ts.empty != nil {
-		close(ts.empty)
-		ts.empty = nil
-	}
-}
-
-// drain refuses new tunnels, waits for open ones until ctx ends, then
-// closes them.
-func (ts *tunnels) drain(ctx context.Context) error {
-	ts.mu.Lock()
-	ts.draining = true
-	if len(ts.open) == 0 {
-		ts.mu.Unlock()
-		return nil
-	}
-	empty := make(chan struct{})
-	ts.empty = empty
-	ts.mu.Unlock()
-	select {
-	case <-empty:
-		return nil
-	case <-ctx.Done():
-	}
-	ts.mu.Lock()
-	open := make([]*tunnel, 0, len(ts.open))
-	for t := range ts.open {
-		open = append(open, t)
-	}
-	ts.mu.Unlock()
-	for _, t := range open {
-		t.close()
-	}
-	// Closed tunnels end at once; the bound only guards against a hijack
-	// handler fasthttp never ran.
-	select {
-	case <-empty:
-	case <-time.After(time.Second):
-	}
-	return ctx.Err()
+	t.sp.Run(client, established)
 }
 
 // clientGone ends a CONNECT whose client hung up while it waited: as

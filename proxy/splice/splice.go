@@ -1,0 +1,158 @@
+// Package splice joins a client connection to an upstream connection once
+// HTTP has handed both over (a CONNECT tunnel on the egress, a protocol
+// switched by 101 on the ingress) and copies bytes both ways, unread, until
+// both sides are done. A Set keeps the open ones, so that a drain can wait
+// for them and then cut them.
+package splice
+
+import (
+	"context"
+	"io"
+	"net"
+	"sync"
+	"time"
+)
+
+// Tunnel is one client connection joined to one upstream connection.
+type Tunnel struct {
+	up io.ReadWriteCloser
+
+	mu     sync.Mutex
+	client net.Conn
+	closed bool
+}
+
+// New returns a tunnel to up. up is closed when the tunnel ends; when it
+// has CloseWrite, the client's end of stream is passed on by half-closing
+// it.
+func New(up io.ReadWriteCloser) *Tunnel { return &Tunnel{up: up} }
+
+// Run writes greeting to client (the answer that turned the connection
+// into a tunnel), then copies bytes both ways until both sides are done,
+// and closes both. A tunnel already closed (a drain cut it before Run)
+// closes the upstream and returns.
+func (t *Tunnel) Run(client net.Conn, greeting []byte) {
+	t.mu.Lock()
+	if t.closed {
+		t.mu.Unlock()
+		t.up.Close()
+		return
+	}
+	t.client = client
+	t.mu.Unlock()
+	if _, err := client.Write(greeting); err != nil {
+		t.Close()
+		return
+	}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		_, _ = io.Copy(t.up, client)
+		closeWrite(t.up)
+	}()
+	_, _ = io.Copy(client, t.up)
+	// The upstream is done sending: the client must see the end of the
+	// stream (a server may speak until it closes), while it may still be
+	// sending itself. fasthttp's wrapper of a hijacked connection cannot
+	// half-close; the connection under it can.
+	if u, ok := client.(interface{ UnsafeConn() net.Conn }); ok {
+		closeWrite(u.UnsafeConn())
+	}
+	<-done
+	t.Close()
+}
+
+// closeWrite half-closes c so the peer sees the end of this direction
+// while the other direction finishes; c is closed when it cannot.
+func closeWrite(c io.Closer) {
+	if cw, ok := c.(interface{ CloseWrite() error }); ok {
+		_ = cw.CloseWrite()
+		return
+	}
+	_ = c.Close()
+}
+
+// Close ends the tunnel now: both connections are closed, and a Run not
+// yet started returns at once.
+func (t *Tunnel) Close() {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.closed = true
+	t.up.Close()
+	if t.client != nil {
+		// fasthttp closes a hijacked connection only when the hijack
+		// handler returns, so Close alone would not wake a blocked read; a
+		// past deadline does.
+		_ = t.client.SetDeadline(time.Unix(1, 0))
+		t.client.Close()
+	}
+}
+
+// Set tracks the open tunnels so that shutdown can wait for them and cut
+// them at the deadline. The zero value is ready.
+type Set struct {
+	mu       sync.Mutex
+	open     map[*Tunnel]struct{}
+	draining bool
+	empty    chan struct{} // closed when the last tunnel ends while draining
+}
+
+// Add records t as open; false when a drain has begun, and t must not run.
+func (s *Set) Add(t *Tunnel) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.draining {
+		return false
+	}
+	if s.open == nil {
+		s.open = map[*Tunnel]struct{}{}
+	}
+	s.open[t] = struct{}{}
+	return true
+}
+
+// Remove records that t has ended.
+func (s *Set) Remove(t *Tunnel) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	delete(s.open, t)
+	if s.draining && len(s.open) == 0 && s.empty != nil {
+		close(s.empty)
+		s.empty = nil
+	}
+}
+
+// Drain refuses new tunnels, waits for the open ones until ctx ends, then
+// closes them and returns ctx's error.
+func (s *Set) Drain(ctx context.Context) error {
+	s.mu.Lock()
+	s.draining = true
+	if len(s.open) == 0 {
+		s.mu.Unlock()
+		return nil
+	}
+	empty := make(chan struct{})
+	s.empty = empty
+	s.mu.Unlock()
+	select {
+	case <-empty:
+		return nil
+	case <-ctx.Done():
+	}
+	s.mu.Lock()
+	open := make([]*Tunnel, 0, len(s.open))
+	for t := range s.open {
+		open = append(open, t)
+	}
+	s.mu.Unlock()
+	for _, t := range open {
+		t.Close()
+	}
+	// Closed tunnels end at once; the bound only guards against a hijack
+	// handler fasthttp never ran.
+	select {
+	case <-empty:
+	case <-time.After(time.Second):
+	}
+	return ctx.Err()
+}
