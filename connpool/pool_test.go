@@ -231,6 +231,43 @@ func TestBrokenResponses(t *testing.T) {
 	}
 }
 
+// TestUpgradeSwitches: an Upgrade request's 101 leaves the connection to
+// the caller, past the exchange's deadline, with what the upstream sent
+// after its 101 first to read; the connection holds its slot in the pool
+// until closed. (Without Upgrade a 101 is an error: TestBrokenResponses.)
+func TestUpgradeSwitches(t *testing.T) {
+	addr := rawServer(t, func(c net.Conn, br *bufio.Reader) {
+		if readRequestHead(br) != nil {
+			return
+		}
+		io.WriteString(c, "HTTP/1.1 101 Switching Protocols\r\nUpgrade: echo\r\nConnection: Upgrade\r\n\r\nhello|")
+		_, _ = io.Copy(c, br) // echoes until the caller's end of stream
+	})
+	p := newSet(t, clock.Real{}).Pool("t", Config{Addr: addr, MaxConns: 1})
+	req := &Request{Header: getRequest(addr, "/"), Upgrade: true, Deadline: time.Now().Add(50 * time.Millisecond)}
+	var resp fasthttp.Response
+	if _, err := p.Do(req, &resp, newFinish()); err != nil || resp.StatusCode() != 101 || req.Switched == nil {
+		t.Fatalf("Do: %v, status %d, switched %v", err, resp.StatusCode(), req.Switched != nil)
+	}
+	sw := req.Switched
+	if s := p.Stats(); s.Open != 1 || s.Idle != 0 {
+		t.Fatalf("switched connection not held: %+v", s)
+	}
+	time.Sleep(100 * time.Millisecond) // past the exchange's deadline, which must not cut the connection
+	io.WriteString(sw, "ping")
+	if err := sw.CloseWrite(); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := io.ReadAll(sw); err != nil || string(got) != "hello|ping" {
+		t.Fatalf("read %q %v, want hello|ping then the end", got, err)
+	}
+	sw.Close()
+	sw.Close() // a second Close frees nothing more
+	if s := p.Stats(); s.Open != 0 {
+		t.Fatalf("slot not freed: %+v", s)
+	}
+}
+
 func TestDialAndTimeoutErrors(t *testing.T) {
 	ln, _ := net.Listen("tcp", "127.0.0.1:0")
 	dead := ln.Addr().String()

@@ -40,6 +40,40 @@ type Request struct {
 	// the caller can read it and send the request again. Set it to a plain
 	// function, not a closure, to keep the request allocation-free.
 	Whole func(status int) bool
+	// Upgrade lets the upstream switch protocols: a 101 is then the
+	// answer, and Do leaves the connection in Switched rather than in the
+	// pool. Without it a 101 is an error.
+	Upgrade bool
+	// Switched is set by Do when the upstream answered an Upgrade request
+	// with 101: the connection is the caller's from then on.
+	Switched *Switched
+}
+
+// Switched is an upstream connection that left HTTP with a 101 Switching
+// Protocols: what it reads begins with whatever the upstream sent after
+// its 101. It holds its slot in the pool until Close.
+type Switched struct {
+	p    *Pool
+	c    *Conn
+	once sync.Once
+}
+
+func (s *Switched) Read(b []byte) (int, error)  { return s.c.br.Read(b) }
+func (s *Switched) Write(b []byte) (int, error) { return s.c.nc.Write(b) }
+
+// CloseWrite ends what is sent to the upstream, which may still answer.
+// A connection that cannot half-close is closed.
+func (s *Switched) CloseWrite() error {
+	if cw, ok := s.c.nc.(interface{ CloseWrite() error }); ok {
+		return cw.CloseWrite()
+	}
+	return s.Close()
+}
+
+// Close closes the connection and frees its slot in the pool.
+func (s *Switched) Close() error {
+	s.once.Do(func() { s.p.discard(s.c) })
+	return nil
 }
 
 // InlineBodyMax is the largest response body of known length that Do reads
@@ -54,7 +88,7 @@ const WholeBodyMax = 256 << 10
 const maxInterim = 16
 
 var (
-	errUpgrade      = errors.New("upstream switched protocols; upgrades are not proxied")
+	errUpgrade      = errors.New("upstream switched protocols for a request that did not ask to")
 	errTooManyInfos = errors.New("too many 1xx responses")
 )
 
@@ -82,7 +116,7 @@ func (p *Pool) Do(req *Request, resp *fasthttp.Response, fin Finisher) (streamed
 	}
 	err = p.writeRequest(c, req)
 	if err == nil {
-		err = p.readHead(c, resp)
+		err = p.readHead(c, resp, req.Upgrade)
 	}
 	if req.Abort.detach() {
 		p.discard(c)
@@ -92,8 +126,15 @@ func (p *Pool) Do(req *Request, resp *fasthttp.Response, fin Finisher) (streamed
 		p.discard(c)
 		return false, err
 	}
-	keepAlive := !resp.Header.ConnectionClose() && !req.Header.ConnectionClose()
 	status := resp.Header.StatusCode()
+	if status == fasthttp.StatusSwitchingProtocols {
+		// readHead lets a 101 through only to an Upgrade request. The
+		// exchange's deadline bounded the handshake, not what follows.
+		_ = c.setDeadline(time.Time{})
+		req.Switched = &Switched{p: p, c: c}
+		return false, nil
+	}
+	keepAlive := !resp.Header.ConnectionClose() && !req.Header.ConnectionClose()
 	if req.Header.IsHead() || status == fasthttp.StatusNoContent || status == fasthttp.StatusNotModified {
 		resp.SkipBody = req.Header.IsHead()
 		p.release(c, keepAlive)
@@ -162,7 +203,9 @@ type prefixedBody struct {
 
 func (b prefixedBody) Read(p []byte) (int, error) { return b.Reader.Read(p) }
 
-func (p *Pool) readHead(c *Conn, resp *fasthttp.Response) error {
+// readHead reads the final response head, skipping 1xx interim ones; a
+// 101 is final for an Upgrade request (upgrade) and an error otherwise.
+func (p *Pool) readHead(c *Conn, resp *fasthttp.Response, upgrade bool) error {
 	for range maxInterim {
 		if err := resp.Header.Read(c.br); err != nil {
 			if errors.Is(err, io.EOF) {
@@ -171,6 +214,8 @@ func (p *Pool) readHead(c *Conn, resp *fasthttp.Response) error {
 			return wrap(KindUpstream, "read response from", p.cfg.Addr, err)
 		}
 		switch st := resp.Header.StatusCode(); {
+		case st == fasthttp.StatusSwitchingProtocols && upgrade:
+			return nil
 		case st == fasthttp.StatusSwitchingProtocols:
 			return &Error{Kind: KindUpstream, Op: "read response from", Addr: p.cfg.Addr, Err: errUpgrade}
 		case st >= 100 && st < 200:

@@ -9,11 +9,13 @@ import (
 	"time"
 )
 
-// AskToContinue sends head (a request head announcing a body and carrying
-// Expect: 100-continue) to addr, and returns the first answer: 100
-// Continue, after which the caller writes the body on c and reads the
-// final answer from br, or the final answer itself.
-func AskToContinue(t testing.TB, addr, head string) (resp *http.Response, br *bufio.Reader, c net.Conn) {
+// FirstAnswer sends raw to addr on a connection of its own and returns the
+// first answer, with the connection and its reader for what follows: for a
+// head with Expect: 100-continue, 100 Continue (the caller then writes the
+// body on c and reads the final answer from br) or the final answer; for
+// one asking to switch protocols, the 101 and then the new protocol's
+// bytes.
+func FirstAnswer(t testing.TB, addr, head string) (resp *http.Response, br *bufio.Reader, c net.Conn) {
 	t.Helper()
 	c, err := net.Dial("tcp", addr)
 	if err != nil {

@@ -412,7 +412,7 @@ func TestExpectContinueCheckedBeforeTheBody(t *testing.T) {
 	// answer to it: 100 Continue or the final one.
 	ask := func(host, tenant string, length int) (*http.Response, *bufio.Reader, net.Conn) {
 		t.Helper()
-		return fasttest.AskToContinue(t, f.addr, fmt.Sprintf("POST http://%s/ HTTP/1.1\r\nHost: %s\r\nX-Tenant-Id: %s\r\nContent-Length: %d\r\nExpect: 100-continue\r\n\r\n", host, host, tenant, length))
+		return fasttest.FirstAnswer(t, f.addr, fmt.Sprintf("POST http://%s/ HTTP/1.1\r\nHost: %s\r\nX-Tenant-Id: %s\r\nContent-Length: %d\r\nExpect: 100-continue\r\n\r\n", host, host, tenant, length))
 	}
 	refusedBeforeBody := func(resp *http.Response, status int, control, body string) {
 		t.Helper()

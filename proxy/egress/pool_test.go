@@ -75,13 +75,13 @@ func TestPoolRefusals(t *testing.T) {
 		a := f.goDo("GET", "http://api.test/", nil)
 		fasttest.WaitFor(t, "one in flight", func() bool { return up.InFlight.Load() == 1 })
 		head := "POST http://api.test/ HTTP/1.1\r\nHost: api.test\r\nContent-Length: 5\r\nExpect: 100-continue\r\n\r\n"
-		resp, br, c := fasttest.AskToContinue(t, f.addr, head)
+		resp, br, c := fasttest.FirstAnswer(t, f.addr, head)
 		if resp.StatusCode != 100 {
 			t.Fatalf("with room in the queue: %d, want 100 Continue", resp.StatusCode)
 		}
 		io.WriteString(c, "hello")
 		fasttest.WaitFor(t, "the POST queued", func() bool { return queued(f) == 1 })
-		resp, _, _ = fasttest.AskToContinue(t, f.addr, head)
+		resp, _, _ = fasttest.FirstAnswer(t, f.addr, head)
 		body, _ := io.ReadAll(resp.Body)
 		if resp.StatusCode != 429 || resp.Header.Get("X-Warden-Control") != "pool_queue" ||
 			string(body) != `{"control":"pool_queue","pool":"p","target":"api","retryAfterSeconds":1}` {

@@ -56,6 +56,21 @@ func StripRequest(h *fasthttp.RequestHeader, f Fields) {
 	}
 }
 
+// AsksUpgrade reports whether a request whose scan found f asks to switch
+// protocols (RFC 9110 §7.8) as the ingress passes on: HTTP/1.1 (an
+// HTTP/1.0 request's Upgrade is to be ignored), an Upgrade field,
+// "upgrade" among Connection's tokens, and no body, as a WebSocket
+// handshake has none.
+func AsksUpgrade(h *fasthttp.RequestHeader, f Fields) bool {
+	if f&HasUpgrade == 0 || f&HasConnection == 0 || !h.IsHTTP11() {
+		return false
+	}
+	if cl := h.ContentLength(); cl != 0 && cl != -2 {
+		return false
+	}
+	return hasToken(h.Peek(fasthttp.HeaderConnection), "upgrade")
+}
+
 // delHopByHop removes the hop-by-hop headers requests and responses share:
 // Connection and what it names, Keep-Alive, Trailer, Upgrade, Proxy-*.
 func delHopByHop(h header, f Fields) {

@@ -137,6 +137,31 @@ func TestStripResponse(t *testing.T) {
 	}
 }
 
+func TestAsksUpgrade(t *testing.T) {
+	for _, tc := range []struct {
+		name, head string
+		want       bool
+	}{
+		{"WebSocket handshake", "GET / HTTP/1.1\r\nHost: a\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\r\n", true},
+		{"token among others, any case", "GET / HTTP/1.1\r\nHost: a\r\nConnection: keep-alive, upgrade\r\nUpgrade: websocket\r\n\r\n", true},
+		{"no Connection token", "GET / HTTP/1.1\r\nHost: a\r\nConnection: keep-alive\r\nUpgrade: websocket\r\n\r\n", false},
+		{"no Upgrade", "GET / HTTP/1.1\r\nHost: a\r\nConnection: Upgrade\r\n\r\n", false},
+		{"HTTP/1.0", "GET / HTTP/1.0\r\nHost: a\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\r\n", false},
+		{"with a body", "POST / HTTP/1.1\r\nHost: a\r\nConnection: Upgrade\r\nUpgrade: h2c\r\nContent-Length: 3\r\n\r\n", false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			req := parseRequest(t, tc.head)
+			s, err := ScanRequestHeaders(req.Header.RawHeaders(), "")
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := AsksUpgrade(&req.Header, s.Fields); got != tc.want {
+				t.Fatalf("AsksUpgrade = %v, want %v", got, tc.want)
+			}
+		})
+	}
+}
+
 // addDate changes nothing of a response but its Date: every field, in
 // its order, with the flags fasthttp keeps beside them (Content-Length,
 // Content-Type, Server, cookies, the status line) reads back as it was.

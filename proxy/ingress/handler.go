@@ -3,6 +3,7 @@ package ingress
 import (
 	"bytes"
 	"errors"
+	"net"
 	"strconv"
 	"sync"
 	"time"
@@ -14,6 +15,7 @@ import (
 	"github.com/warden-dev/warden/proxy/forward"
 	"github.com/warden-dev/warden/proxy/httpwire"
 	"github.com/warden-dev/warden/proxy/respond"
+	"github.com/warden-dev/warden/proxy/splice"
 	"github.com/warden-dev/warden/proxy/stats"
 )
 
@@ -236,7 +238,17 @@ func (x *exchange) done() {
 
 func (g *Ingress) forward(ctx *fasthttp.RequestCtx, rt *policyState, f httpwire.Fields) {
 	h := &ctx.Request.Header
+	var upgrade []byte // the protocols a request that asks to switch names
+	if httpwire.AsksUpgrade(h, f) {
+		upgrade = append([]byte(nil), h.Peek(fasthttp.HeaderUpgrade)...)
+	}
 	httpwire.StripRequest(h, f)
+	if upgrade != nil {
+		// Hop-by-hop, and removed with the rest; put back for the worker,
+		// which is asked to switch on this connection alone.
+		h.Set(fasthttp.HeaderConnection, "Upgrade")
+		h.SetBytesV(fasthttp.HeaderUpgrade, upgrade)
+	}
 	if uri := h.RequestURI(); len(uri) > 0 && uri[0] != '/' && uri[0] != '*' {
 		if _, _, origin, ok := httpwire.SplitAbsoluteForm(uri); ok {
 			if len(origin) == 0 || origin[0] == '?' {
@@ -249,6 +261,7 @@ func (g *Ingress) forward(ctx *fasthttp.RequestCtx, rt *policyState, f httpwire.
 	x := exchanges.Get().(*exchange)
 	x.target, x.start = rt.target, ctx.Time()
 	x.req.Header = h
+	x.req.Upgrade = upgrade != nil
 	if rt.timeout > 0 {
 		x.req.Deadline = x.start.Add(rt.timeout)
 	}
@@ -290,6 +303,10 @@ func (g *Ingress) forward(ctx *fasthttp.RequestCtx, rt *policyState, f httpwire.
 		x.done()
 		return
 	}
+	if x.req.Switched != nil {
+		g.switchProtocols(ctx, x)
+		return
+	}
 	httpwire.StripResponse(&ctx.Response.Header)
 	x.code = ctx.Response.StatusCode()
 	if !streamed {
@@ -301,6 +318,38 @@ func (g *Ingress) forward(ctx *fasthttp.RequestCtx, rt *policyState, f httpwire.
 		respond.Upstream(ctx, "worker", err)
 		g.stats.Reject(respond.ControlUpstream, "worker")
 	}
+}
+
+// switchProtocols passes on the worker's 101 Switching Protocols and joins
+// the client's connection to the worker's until both are done (a
+// WebSocket): bytes pass unread both ways, each side's end of stream
+// reaching the other. The request is counted with its 101 now; the
+// tunnel holds no window or slot, and a drain waits for it until
+// shutdown_grace, then cuts it.
+func (g *Ingress) switchProtocols(ctx *fasthttp.RequestCtx, x *exchange) {
+	sw := x.req.Switched
+	// The 101 goes out as the worker sent it, Upgrade and Connection
+	// included; the handler returns before the hijacked connection is
+	// written, so it is copied.
+	head := append([]byte(nil), ctx.Response.Header.Header()...)
+	t := splice.New(sw)
+	if !g.tunnels.Add(t) {
+		sw.Close()
+		respond.Error(ctx, fasthttp.StatusServiceUnavailable, "ingress is shutting down")
+		x.code = fasthttp.StatusServiceUnavailable
+		x.done()
+		return
+	}
+	x.code = fasthttp.StatusSwitchingProtocols
+	x.done()
+	ctx.HijackSetNoResponse(true)
+	ctx.Hijack(func(c net.Conn) {
+		defer g.tunnels.Remove(t)
+		// The head's read deadline (or the body's) would end a quiet
+		// connection; a switched protocol keeps its own time.
+		_ = c.SetDeadline(time.Time{})
+		t.Run(c, head)
+	})
 }
 
 // refuseUnread answers a request the listener could not read (a malformed

@@ -25,6 +25,7 @@ import (
 	"github.com/warden-dev/warden/governor/tenant"
 	"github.com/warden-dev/warden/proxy/httpwire"
 	"github.com/warden-dev/warden/proxy/listener"
+	"github.com/warden-dev/warden/proxy/splice"
 	"github.com/warden-dev/warden/proxy/stats"
 )
 
@@ -56,6 +57,8 @@ type Ingress struct {
 	mu         sync.Mutex // serialises Apply and Shutdown
 	workerURL  string
 	workerConf connpool.Config // kept so an unchanged worker keeps its pool
+
+	tunnels splice.Set // connections the worker switched to another protocol
 }
 
 // policyState is what one policy decides for the request path, swapped whole
@@ -201,5 +204,9 @@ func (g *Ingress) StopAccepting() { g.slot.StopAccepting() }
 func (g *Ingress) Shutdown(ctx context.Context) error {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	return g.slot.Shutdown(ctx, func() error { g.pools.Close(); return nil })
+	return g.slot.Shutdown(ctx, func() error {
+		err := g.tunnels.Drain(ctx)
+		g.pools.Close()
+		return err
+	})
 }

@@ -828,7 +828,7 @@ func TestExpectContinueCheckedBeforeTheBody(t *testing.T) {
 	})
 	ask := func(length int) (*http.Response, *bufio.Reader, net.Conn) {
 		t.Helper()
-		return fasttest.AskToContinue(t, f.addr, fmt.Sprintf("POST / HTTP/1.1\r\nHost: w\r\nX-Tenant-Id: acme\r\nContent-Length: %d\r\nExpect: 100-continue\r\n\r\n", length))
+		return fasttest.FirstAnswer(t, f.addr, fmt.Sprintf("POST / HTTP/1.1\r\nHost: w\r\nX-Tenant-Id: acme\r\nContent-Length: %d\r\nExpect: 100-continue\r\n\r\n", length))
 	}
 
 	resp, br, c := ask(5)

@@ -1,0 +1,123 @@
+package ingress
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/warden-dev/warden/internal/fasttest"
+)
+
+// upgradeWorker switches a request that asks for "echo" (with the
+// Connection and Upgrade fields as sent) to a protocol that greets with
+// "hello|", then answers every read in upper case until the client's end
+// of stream, and then closes. Any other request gets 400 with the
+// Upgrade and Connection values it came with.
+func upgradeWorker(t *testing.T) *httptest.Server {
+	s := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Header.Get("Upgrade") != "echo" || !strings.EqualFold(r.Header.Get("Connection"), "upgrade") {
+			w.WriteHeader(http.StatusBadRequest)
+			io.WriteString(w, "upgrade="+r.Header.Get("Upgrade")+" connection="+r.Header.Get("Connection"))
+			return
+		}
+		c, rw, err := w.(http.Hijacker).Hijack()
+		if err != nil {
+			t.Error(err)
+			return
+		}
+		defer c.Close()
+		io.WriteString(rw, "HTTP/1.1 101 Switching Protocols\r\nUpgrade: echo\r\nConnection: Upgrade\r\n\r\nhello|")
+		rw.Flush()
+		buf := make([]byte, 512)
+		for {
+			n, err := rw.Read(buf)
+			if n > 0 {
+				c.Write(bytes.ToUpper(buf[:n]))
+			}
+			if err != nil {
+				return
+			}
+		}
+	}))
+	t.Cleanup(s.Close)
+	return s
+}
+
+const upgradeHead = "GET /ws HTTP/1.1\r\nHost: worker.test\r\nConnection: keep-alive, Upgrade\r\nUpgrade: echo\r\n\r\n"
+
+// TestUpgrade: a request that asks to switch protocols reaches the worker
+// with its Upgrade and Connection; the worker's 101 comes back as sent,
+// and then bytes pass unread both ways (what either side sent early
+// included), each side's end of stream reaching the other. The request
+// counts with its 101.
+func TestUpgrade(t *testing.T) {
+	w := upgradeWorker(t)
+	f := startAt(t, "", strings.TrimPrefix(w.URL, "http://"))
+	resp, br, nc := fasttest.FirstAnswer(t, f.addr, upgradeHead+"early|")
+	c := nc.(*net.TCPConn)
+	if resp.StatusCode != http.StatusSwitchingProtocols || resp.Header.Get("Upgrade") != "echo" || resp.Header.Get("Connection") != "Upgrade" {
+		t.Fatalf("%d %v, want the worker's 101", resp.StatusCode, resp.Header)
+	}
+	io.WriteString(c, "ping")
+	want := "hello|EARLY|PING"
+	got := make([]byte, len(want))
+	if _, err := io.ReadFull(br, got); err != nil || string(got) != want {
+		t.Fatalf("read %q (%v), want %q", got, err, want)
+	}
+	// The client's end of stream reaches the worker, which closes; that
+	// reaches the client.
+	c.CloseWrite()
+	if rest, err := io.ReadAll(br); err != nil || len(rest) != 0 {
+		t.Fatalf("after the end of stream: %q %v, want EOF", rest, err)
+	}
+	if n := fasttest.Value(f.gov.Metrics.Requests.WithLabelValues("ingress", "worker", "101")); n != 1 {
+		t.Errorf("warden_requests_total{ingress,worker,101} = %v, want 1", n)
+	}
+}
+
+// TestUpgradeNotSwitched: Upgrade without "upgrade" among Connection's
+// tokens, or in an HTTP/1.0 request, is a hop-by-hop field like any other
+// and is removed; a worker that does not switch answers as usual, on a
+// connection that stays HTTP.
+func TestUpgradeNotSwitched(t *testing.T) {
+	w := upgradeWorker(t)
+	f := startAt(t, "", strings.TrimPrefix(w.URL, "http://"))
+	for _, tc := range []struct{ name, head, body string }{
+		{"no Connection token", "GET /ws HTTP/1.1\r\nHost: w\r\nUpgrade: echo\r\n\r\n", "upgrade= connection="},
+		{"HTTP/1.0", "GET /ws HTTP/1.0\r\nHost: w\r\nConnection: Upgrade\r\nUpgrade: echo\r\n\r\n", "upgrade= connection="},
+		{"a protocol the worker refuses", "GET /ws HTTP/1.1\r\nHost: w\r\nConnection: Upgrade\r\nUpgrade: other\r\n\r\n", "upgrade=other connection=Upgrade"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			resp, body := fasttest.Raw(t, f.addr, tc.head)
+			if resp.StatusCode != http.StatusBadRequest || string(body) != tc.body {
+				t.Fatalf("%d %q, want the worker's 400 %q", resp.StatusCode, body, tc.body)
+			}
+		})
+	}
+}
+
+// TestUpgradeDrain: shutdown waits for a switched connection until its
+// grace ends, then cuts it.
+func TestUpgradeDrain(t *testing.T) {
+	w := upgradeWorker(t)
+	f := startAt(t, "", strings.TrimPrefix(w.URL, "http://"))
+	resp, br, _ := fasttest.FirstAnswer(t, f.addr, upgradeHead)
+	if resp.StatusCode != http.StatusSwitchingProtocols {
+		t.Fatalf("%d, want 101", resp.StatusCode)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+	defer cancel()
+	if err := f.in.Shutdown(ctx); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("shutdown with an open tunnel: %v, want the grace to run out", err)
+	}
+	if rest, err := io.ReadAll(br); err != nil || string(rest) != "hello|" {
+		t.Fatalf("after the drain: %q %v, want the greeting, then the end", rest, err)
+	}
+}
