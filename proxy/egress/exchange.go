@@ -180,17 +180,21 @@ func (e *Egress) exchange(ctx *fasthttp.RequestCtx, x *exchange, pool *connpool.
 			} else {
 				ticket.Done(outcome)
 			}
-			httpwire.StripResponse(&ctx.Response.Header)
 			x.code = status
+			var refused string
 			if outcome == breaker.Failure && retryable && !streamed {
-				var refused string
 				ticket, again, refused = e.retry(ctx, x, attempt, failureReason(&ctx.Response))
+			}
+			if !again {
+				// Only the answer that goes to the client is stripped: a
+				// header given a Date (StripResponse) stays Reset, which
+				// would have the next attempt's own Date replaced. It is
+				// marked after, as the header is read back then.
+				httpwire.StripResponse(&ctx.Response.Header)
 				if refused != "" {
 					respond.MarkControl(&ctx.Response.Header, refused)
 					r.Stats.Reject(refused, r.Name)
 				}
-			}
-			if !again {
 				if !streamed {
 					x.done()
 					return

@@ -141,6 +141,12 @@ func TestRetryBudget(t *testing.T) {
 	if n := fasttest.Value(f.gov.Metrics.Rejections.WithLabelValues("retry_budget", "api")); n != 2 {
 		t.Fatalf("rejections{retry_budget,api} = %v", n)
 	}
+	// On the wire the mark is spelt as SPEC §4 spells it, beside the Date
+	// the egress gave the upstream's answer, which came without one.
+	head := fasttest.RawHead(t, f.addr, "GET http://api.test/ HTTP/1.1\r\nHost: api.test\r\nConnection: close\r\n\r\n")
+	if !strings.Contains(head, "\r\nx-warden-control: retry_budget\r\n") || !strings.Contains(head, "\r\nDate: ") {
+		t.Fatalf("passed-through failure:\n%s", head)
+	}
 }
 
 // TestRetryDelayUsesClock: the second attempt waits for the policy's delay
