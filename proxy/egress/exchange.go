@@ -96,7 +96,9 @@ func (x *exchange) done() {
 func (e *Egress) exchange(ctx *fasthttp.RequestCtx, x *exchange, pool *connpool.Pool, f httpwire.Fields) {
 	r := x.r
 	h := &ctx.Request.Header
-	retryable := r.Retry != nil && (httpwire.Idempotent(h.Method()) || sendsIdempotencyKey(h, f))
+	// A request that may switch protocols goes once: what follows a 101
+	// is not HTTP, and cannot be sent again.
+	retryable := r.Retry != nil && !x.req.Upgrade && (httpwire.Idempotent(h.Method()) || sendsIdempotencyKey(h, f))
 	keep := 0
 	if retryable {
 		keep = RetryBodyMax
@@ -172,6 +174,10 @@ func (e *Egress) exchange(ctx *fasthttp.RequestCtx, x *exchange, pool *connpool.
 				x.done()
 				return
 			}
+		} else if x.req.Switched != nil {
+			ticket.Done(breaker.Success)
+			e.switchProtocols(ctx, x)
+			return
 		} else {
 			status := ctx.Response.StatusCode()
 			outcome := blame(ctx, breaker.ClassifyHTTP(status))

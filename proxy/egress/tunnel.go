@@ -127,6 +127,23 @@ func (t *tunnel) run(client net.Conn) {
 	t.sp.Run(client, established)
 }
 
+// switchProtocols passes on the upstream's 101 Switching Protocols to a
+// request that asked to switch (a WebSocket), and joins the client's
+// connection to the upstream's, as a CONNECT tunnel is joined: the breaker
+// counted the 101 a success, the request is counted with it now, and the
+// pool slot is held until both sides are done.
+func (e *Egress) switchProtocols(ctx *fasthttp.RequestCtx, x *exchange) {
+	adm := x.adm
+	x.adm = admit.Admission{} // the tunnel's now
+	x.code = fasthttp.StatusSwitchingProtocols
+	if !e.tunnels.Hijack(ctx, x.req.Switched, adm.Release) {
+		adm.Release()
+		respond.Error(ctx, fasthttp.StatusServiceUnavailable, "egress is shutting down")
+		x.code = fasthttp.StatusServiceUnavailable
+	}
+	x.done()
+}
+
 // clientGone ends a CONNECT whose client hung up while it waited: as
 // exchange.clientGone, nothing is written and no refusal is counted.
 func (t *tunnel) clientGone(ctx *fasthttp.RequestCtx) {

@@ -3,7 +3,6 @@ package ingress
 import (
 	"bytes"
 	"errors"
-	"net"
 	"strconv"
 	"sync"
 	"time"
@@ -15,7 +14,6 @@ import (
 	"github.com/warden-dev/warden/proxy/forward"
 	"github.com/warden-dev/warden/proxy/httpwire"
 	"github.com/warden-dev/warden/proxy/respond"
-	"github.com/warden-dev/warden/proxy/splice"
 	"github.com/warden-dev/warden/proxy/stats"
 )
 
@@ -327,29 +325,12 @@ func (g *Ingress) forward(ctx *fasthttp.RequestCtx, rt *policyState, f httpwire.
 // tunnel holds no window or slot, and a drain waits for it until
 // shutdown_grace, then cuts it.
 func (g *Ingress) switchProtocols(ctx *fasthttp.RequestCtx, x *exchange) {
-	sw := x.req.Switched
-	// The 101 goes out as the worker sent it, Upgrade and Connection
-	// included; the handler returns before the hijacked connection is
-	// written, so it is copied.
-	head := append([]byte(nil), ctx.Response.Header.Header()...)
-	t := splice.New(sw)
-	if !g.tunnels.Add(t) {
-		sw.Close()
+	x.code = fasthttp.StatusSwitchingProtocols
+	if !g.tunnels.Hijack(ctx, x.req.Switched, nil) {
 		respond.Error(ctx, fasthttp.StatusServiceUnavailable, "ingress is shutting down")
 		x.code = fasthttp.StatusServiceUnavailable
-		x.done()
-		return
 	}
-	x.code = fasthttp.StatusSwitchingProtocols
 	x.done()
-	ctx.HijackSetNoResponse(true)
-	ctx.Hijack(func(c net.Conn) {
-		defer g.tunnels.Remove(t)
-		// The head's read deadline (or the body's) would end a quiet
-		// connection; a switched protocol keeps its own time.
-		_ = c.SetDeadline(time.Time{})
-		t.Run(c, head)
-	})
 }
 
 // refuseUnread answers a request the listener could not read (a malformed

@@ -1,13 +1,10 @@
 package ingress
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"io"
-	"net"
 	"net/http"
-	"net/http/httptest"
 	"strings"
 	"testing"
 	"time"
@@ -15,42 +12,7 @@ import (
 	"github.com/warden-dev/warden/internal/fasttest"
 )
 
-// upgradeWorker switches a request that asks for "echo" (with the
-// Connection and Upgrade fields as sent) to a protocol that greets with
-// "hello|", then answers every read in upper case until the client's end
-// of stream, and then closes. Any other request gets 400 with the
-// Upgrade and Connection values it came with.
-func upgradeWorker(t *testing.T) *httptest.Server {
-	s := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.Header.Get("Upgrade") != "echo" || !strings.EqualFold(r.Header.Get("Connection"), "upgrade") {
-			w.WriteHeader(http.StatusBadRequest)
-			io.WriteString(w, "upgrade="+r.Header.Get("Upgrade")+" connection="+r.Header.Get("Connection"))
-			return
-		}
-		c, rw, err := w.(http.Hijacker).Hijack()
-		if err != nil {
-			t.Error(err)
-			return
-		}
-		defer c.Close()
-		io.WriteString(rw, "HTTP/1.1 101 Switching Protocols\r\nUpgrade: echo\r\nConnection: Upgrade\r\n\r\nhello|")
-		rw.Flush()
-		buf := make([]byte, 512)
-		for {
-			n, err := rw.Read(buf)
-			if n > 0 {
-				c.Write(bytes.ToUpper(buf[:n]))
-			}
-			if err != nil {
-				return
-			}
-		}
-	}))
-	t.Cleanup(s.Close)
-	return s
-}
-
-const upgradeHead = "GET /ws HTTP/1.1\r\nHost: worker.test\r\nConnection: keep-alive, Upgrade\r\nUpgrade: echo\r\n\r\n"
+var upgradeHead = fasttest.UpgradeHead("/ws", "worker.test")
 
 // TestUpgrade: a request that asks to switch protocols reaches the worker
 // with its Upgrade and Connection; the worker's 101 comes back as sent,
@@ -58,25 +20,9 @@ const upgradeHead = "GET /ws HTTP/1.1\r\nHost: worker.test\r\nConnection: keep-a
 // included), each side's end of stream reaching the other. The request
 // counts with its 101.
 func TestUpgrade(t *testing.T) {
-	w := upgradeWorker(t)
+	w := fasttest.UpgradeUpstream(t)
 	f := startAt(t, "", strings.TrimPrefix(w.URL, "http://"))
-	resp, br, nc := fasttest.FirstAnswer(t, f.addr, upgradeHead+"early|")
-	c := nc.(*net.TCPConn)
-	if resp.StatusCode != http.StatusSwitchingProtocols || resp.Header.Get("Upgrade") != "echo" || resp.Header.Get("Connection") != "Upgrade" {
-		t.Fatalf("%d %v, want the worker's 101", resp.StatusCode, resp.Header)
-	}
-	io.WriteString(c, "ping")
-	want := "hello|EARLY|PING"
-	got := make([]byte, len(want))
-	if _, err := io.ReadFull(br, got); err != nil || string(got) != want {
-		t.Fatalf("read %q (%v), want %q", got, err, want)
-	}
-	// The client's end of stream reaches the worker, which closes; that
-	// reaches the client.
-	c.CloseWrite()
-	if rest, err := io.ReadAll(br); err != nil || len(rest) != 0 {
-		t.Fatalf("after the end of stream: %q %v, want EOF", rest, err)
-	}
+	fasttest.CheckUpgrade(t, f.addr, upgradeHead)
 	if n := fasttest.Value(f.gov.Metrics.Requests.WithLabelValues("ingress", "worker", "101")); n != 1 {
 		t.Errorf("warden_requests_total{ingress,worker,101} = %v, want 1", n)
 	}
@@ -87,7 +33,7 @@ func TestUpgrade(t *testing.T) {
 // and is removed; a worker that does not switch answers as usual, on a
 // connection that stays HTTP.
 func TestUpgradeNotSwitched(t *testing.T) {
-	w := upgradeWorker(t)
+	w := fasttest.UpgradeUpstream(t)
 	f := startAt(t, "", strings.TrimPrefix(w.URL, "http://"))
 	for _, tc := range []struct{ name, head, body string }{
 		{"no Connection token", "GET /ws HTTP/1.1\r\nHost: w\r\nUpgrade: echo\r\n\r\n", "upgrade= connection="},
@@ -106,7 +52,7 @@ func TestUpgradeNotSwitched(t *testing.T) {
 // TestUpgradeDrain: shutdown waits for a switched connection until its
 // grace ends, then cuts it.
 func TestUpgradeDrain(t *testing.T) {
-	w := upgradeWorker(t)
+	w := fasttest.UpgradeUpstream(t)
 	f := startAt(t, "", strings.TrimPrefix(w.URL, "http://"))
 	resp, br, _ := fasttest.FirstAnswer(t, f.addr, upgradeHead)
 	if resp.StatusCode != http.StatusSwitchingProtocols {

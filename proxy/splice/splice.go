@@ -11,6 +11,8 @@ import (
 	"net"
 	"sync"
 	"time"
+
+	"github.com/valyala/fasthttp"
 )
 
 // Tunnel is one client connection joined to one upstream connection.
@@ -108,6 +110,34 @@ func (s *Set) Add(t *Tunnel) bool {
 		s.open = map[*Tunnel]struct{}{}
 	}
 	s.open[t] = struct{}{}
+	return true
+}
+
+// Hijack makes the connection of ctx, once its handler returns, the client
+// end of a tunnel to up: the answer now in ctx.Response (a 101 Switching
+// Protocols) is written first, as it stands, and then bytes pass both
+// ways until both sides are done; ended, when set, is called then. The
+// connection's deadlines are lifted: a switched protocol keeps its own
+// time. It reports false, having closed up and written nothing, when a
+// drain has begun.
+func (s *Set) Hijack(ctx *fasthttp.RequestCtx, up io.ReadWriteCloser, ended func()) bool {
+	// Copied: ctx's response is reused before the hijacked connection is
+	// written.
+	head := append([]byte(nil), ctx.Response.Header.Header()...)
+	t := New(up)
+	if !s.Add(t) {
+		up.Close()
+		return false
+	}
+	ctx.HijackSetNoResponse(true)
+	ctx.Hijack(func(c net.Conn) {
+		defer s.Remove(t)
+		if ended != nil {
+			defer ended()
+		}
+		_ = c.SetDeadline(time.Time{})
+		t.Run(c, head)
+	})
 	return true
 }
 
