@@ -241,19 +241,15 @@ func (p *Pool) Refuses(now time.Time) (*Rejection, bool) {
 		}
 		control = blockedBy
 	}
-	noWait := p.noWaitLocked()
-	full := p.cfg.Queue <= 0 || len(p.waiters) >= p.cfg.Queue
+	noWait, full := p.noWaitLocked(), !p.roomLocked()
 	p.mu.Unlock()
-	var err error
 	switch {
 	case noWait:
-		err = p.waitedZero(control, now)
+		return p.waitedZero(control, now), true
 	case full:
-		err = p.queueFull(now)
-	default:
-		return nil, false // it would wait its turn
+		return p.queueFull(now), true
 	}
-	return err.(*Rejection), true
+	return nil, false // it would wait its turn
 }
 
 // noWaitLocked reports a pool with a queue but max_wait 0s: a caller
@@ -263,7 +259,7 @@ func (p *Pool) noWaitLocked() bool { return p.cfg.Queue > 0 && p.cfg.MaxWait <= 
 
 // waitedZero is the refusal of a caller of a no-wait pool, blocked by
 // control; p.mu must not be held.
-func (p *Pool) waitedZero(control string, now time.Time) error {
+func (p *Pool) waitedZero(control string, now time.Time) *Rejection {
 	if control == "" {
 		control = ControlQueue
 	}
@@ -276,9 +272,12 @@ func (p *Pool) upstreamDown() error {
 	return &Rejection{Pool: p.id, Control: ControlUpstream, RetryAfter: time.Second}
 }
 
+// roomLocked reports whether the queue has room for another waiter.
+func (p *Pool) roomLocked() bool { return p.cfg.Queue > 0 && len(p.waiters) < p.cfg.Queue }
+
 // enqueueLocked queues a waiter of priority; nil when the queue is full.
 func (p *Pool) enqueueLocked(priority int) *waiter {
-	if p.cfg.Queue <= 0 || len(p.waiters) >= p.cfg.Queue {
+	if !p.roomLocked() {
 		return nil
 	}
 	w := &waiter{priority: priority, seq: p.seq, ready: make(chan struct{})}
@@ -295,7 +294,7 @@ func (p *Pool) enqueueLocked(priority int) *waiter {
 
 // queueFull is the refusal of a caller the queue has no room for; p.mu
 // must not be held.
-func (p *Pool) queueFull(now time.Time) error {
+func (p *Pool) queueFull(now time.Time) *Rejection {
 	return &Rejection{Pool: p.id, Control: ControlQueue, RetryAfter: p.retryAfter(now)}
 }
 

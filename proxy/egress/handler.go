@@ -65,18 +65,7 @@ func (e *Egress) serve(ctx *fasthttp.RequestCtx) {
 	}
 	// The request as the upstream must see it.
 	h := &ctx.Request.Header
-	var upgrade []byte // the protocols a request that asks to switch names
-	if httpwire.AsksUpgrade(h, hd.scan.Fields) {
-		upgrade = append([]byte(nil), h.Peek(fasthttp.HeaderUpgrade)...)
-	}
-	httpwire.StripRequest(h, hd.scan.Fields)
-	if upgrade != nil {
-		// Hop-by-hop, and removed with the rest; put back for the
-		// upstream, which is asked to switch on this connection alone.
-		h.Set(fasthttp.HeaderConnection, "Upgrade")
-		h.SetBytesV(fasthttp.HeaderUpgrade, upgrade)
-		x.req.Upgrade = true
-	}
+	x.req.Upgrade = httpwire.StripRequestKeepingUpgrade(h, hd.scan.Fields)
 	if hd.absolute {
 		// authority and origin point into the request line that setOrigin
 		// rewrites, so the Host is copied out first.

@@ -56,12 +56,12 @@ func StripRequest(h *fasthttp.RequestHeader, f Fields) {
 	}
 }
 
-// AsksUpgrade reports whether a request whose scan found f asks to switch
+// asksUpgrade reports whether a request whose scan found f asks to switch
 // protocols (RFC 9110 §7.8) as the ingress passes on: HTTP/1.1 (an
 // HTTP/1.0 request's Upgrade is to be ignored), an Upgrade field,
 // "upgrade" among Connection's tokens, and no body, as a WebSocket
 // handshake has none.
-func AsksUpgrade(h *fasthttp.RequestHeader, f Fields) bool {
+func asksUpgrade(h *fasthttp.RequestHeader, f Fields) bool {
 	if f&HasUpgrade == 0 || f&HasConnection == 0 || !h.IsHTTP11() {
 		return false
 	}
@@ -69,6 +69,23 @@ func AsksUpgrade(h *fasthttp.RequestHeader, f Fields) bool {
 		return false
 	}
 	return hasToken(h.Peek(fasthttp.HeaderConnection), "upgrade")
+}
+
+// StripRequestKeepingUpgrade is StripRequest, except that a request that
+// asks to switch protocols (asksUpgrade) keeps its Upgrade and goes on
+// with Connection: Upgrade: both are hop-by-hop, and the upstream is asked
+// to switch on this connection alone. It reports whether the request
+// asks to switch.
+func StripRequestKeepingUpgrade(h *fasthttp.RequestHeader, f Fields) (upgrade bool) {
+	if !asksUpgrade(h, f) {
+		StripRequest(h, f)
+		return false
+	}
+	protocols := append([]byte(nil), h.Peek(fasthttp.HeaderUpgrade)...)
+	StripRequest(h, f)
+	h.Set(fasthttp.HeaderConnection, "Upgrade")
+	h.SetBytesV(fasthttp.HeaderUpgrade, protocols)
+	return true
 }
 
 // delHopByHop removes the hop-by-hop headers requests and responses share:

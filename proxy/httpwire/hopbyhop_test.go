@@ -155,8 +155,8 @@ func TestAsksUpgrade(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if got := AsksUpgrade(&req.Header, s.Fields); got != tc.want {
-				t.Fatalf("AsksUpgrade = %v, want %v", got, tc.want)
+			if got := asksUpgrade(&req.Header, s.Fields); got != tc.want {
+				t.Fatalf("asksUpgrade = %v, want %v", got, tc.want)
 			}
 		})
 	}

@@ -236,17 +236,7 @@ func (x *exchange) done() {
 
 func (g *Ingress) forward(ctx *fasthttp.RequestCtx, rt *policyState, f httpwire.Fields) {
 	h := &ctx.Request.Header
-	var upgrade []byte // the protocols a request that asks to switch names
-	if httpwire.AsksUpgrade(h, f) {
-		upgrade = append([]byte(nil), h.Peek(fasthttp.HeaderUpgrade)...)
-	}
-	httpwire.StripRequest(h, f)
-	if upgrade != nil {
-		// Hop-by-hop, and removed with the rest; put back for the worker,
-		// which is asked to switch on this connection alone.
-		h.Set(fasthttp.HeaderConnection, "Upgrade")
-		h.SetBytesV(fasthttp.HeaderUpgrade, upgrade)
-	}
+	upgrade := httpwire.StripRequestKeepingUpgrade(h, f)
 	if uri := h.RequestURI(); len(uri) > 0 && uri[0] != '/' && uri[0] != '*' {
 		if _, _, origin, ok := httpwire.SplitAbsoluteForm(uri); ok {
 			if len(origin) == 0 || origin[0] == '?' {
@@ -259,7 +249,7 @@ func (g *Ingress) forward(ctx *fasthttp.RequestCtx, rt *policyState, f httpwire.
 	x := exchanges.Get().(*exchange)
 	x.target, x.start = rt.target, ctx.Time()
 	x.req.Header = h
-	x.req.Upgrade = upgrade != nil
+	x.req.Upgrade = upgrade
 	if rt.timeout > 0 {
 		x.req.Deadline = x.start.Add(rt.timeout)
 	}
