@@ -10,7 +10,10 @@
 // retry), streamed response bodies are handed over with the connection
 // still attached and returned to the pool when the body ends, and an idle
 // connection the upstream may have closed is probed before it is reused
-// instead of failing the request that picked it.
+// instead of failing the request that picked it. A long request body is
+// sent while the answer is read, so that an upstream answering before it
+// has the whole body (a 413) is heard rather than reported as a failed
+// write.
 //
 // Pools are replaced cleanly on reload: a Set hands out the existing Pool
 // for unchanged settings, and a replaced Pool keeps serving the exchanges

@@ -486,7 +486,8 @@ func (errReader) Read([]byte) (int, error) { return 0, errors.New("client went a
 
 func TestTLSOrigination(t *testing.T) {
 	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		fmt.Fprintf(w, "tls=%v host=%s", r.TLS != nil, r.Host)
+		n, _ := io.Copy(io.Discard, r.Body)
+		fmt.Fprintf(w, "tls=%v host=%s body=%d", r.TLS != nil, r.Host, n)
 	}))
 	srv.Config.ErrorLog = log.New(io.Discard, "", 0) // the untrusted handshake below is expected
 	srv.StartTLS()
@@ -496,8 +497,20 @@ func TestTLSOrigination(t *testing.T) {
 	cfg.ServerName = "example.com" // httptest's certificate names example.com
 	p := newSet(t, clock.Real{}).Pool("tls", Config{Addr: addr, TLS: cfg})
 	_, body, err := exchange(t, p, &Request{Header: getRequest("api.example.com", "/")})
-	if err != nil || string(body) != "tls=true host=api.example.com" {
+	if err != nil || string(body) != "tls=true host=api.example.com body=0" {
 		t.Fatalf("%q %v", body, err)
+	}
+	// A long body is written while the answer is read, on the same TLS
+	// connection, which is then reused.
+	h := getRequest("api.example.com", "/")
+	h.SetMethod("POST")
+	h.SetContentLength(8 << 20)
+	_, body, err = exchange(t, p, &Request{Header: h, Stream: io.LimitReader(zeros{}, 8<<20)})
+	if err != nil || string(body) != "tls=true host=api.example.com body=8388608" {
+		t.Fatalf("long body over TLS: %q %v", body, err)
+	}
+	if s := p.Stats(); s.Open != 1 || s.Idle != 1 {
+		t.Fatalf("pool after the long body: %+v, want its one connection idle", s)
 	}
 	bad := newSet(t, clock.Real{}).Pool("untrusted", Config{Addr: addr, TLS: &tls.Config{ServerName: "example.com"}})
 	if _, _, err := exchange(t, bad, &Request{Header: getRequest("x", "/")}); KindOf(err) != KindDial {
@@ -813,5 +826,128 @@ func TestHTTP10RequestGoesAsHTTP11(t *testing.T) {
 		if h.IsHTTP11() || string(h.Protocol()) != "HTTP/1.0" {
 			t.Errorf("the client's version became %s", h.Protocol())
 		}
+	}
+}
+
+// TestAnswerBeforeTheWholeBody: an upstream that answers a long upload
+// before reading all of it (a 413, a 401) and then closes the connection,
+// or stops reading it, gets its answer through rather than a failed
+// write. Sending stops at the answer (BodyCut), as Envoy's does, and the
+// connection, carrying half a request, is not reused. An upstream that
+// reads the whole body first keeps its connection.
+func TestAnswerBeforeTheWholeBody(t *testing.T) {
+	const refusal = "HTTP/1.1 413 Payload Too Large\r\nContent-Length: 4\r\n"
+	const size = 64 << 20 // past any socket buffer on loopback
+	refuseAndClose := func(c net.Conn, br *bufio.Reader, _ <-chan struct{}) {
+		if readRequestHead(br) == nil {
+			io.WriteString(c, refusal+"Connection: close\r\n\r\nbig!")
+		}
+	}
+	tests := []struct {
+		name    string
+		script  func(c net.Conn, br *bufio.Reader, end <-chan struct{})
+		framing string // "length", "chunked", or "buffered": req.Body
+		status  int
+		body    string
+		cut     bool
+		idle    int
+	}{
+		{"refused, then closed", refuseAndClose, "length", 413, "big!", true, 0},
+		{"refused, chunked, then closed", refuseAndClose, "chunked", 413, "big!", true, 0},
+		{"refused, buffered, then closed", refuseAndClose, "buffered", 413, "big!", true, 0},
+		{"refused, no longer read", func(c net.Conn, br *bufio.Reader, end <-chan struct{}) {
+			if readRequestHead(br) == nil {
+				io.WriteString(c, refusal+"\r\nbig!")
+				<-end
+			}
+		}, "length", 413, "big!", true, 0},
+		{"answered after the whole body", func(c net.Conn, br *bufio.Reader, _ <-chan struct{}) {
+			if readRequestHead(br) == nil {
+				if n, err := io.CopyN(io.Discard, br, size); err == nil && n == size {
+					io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+					readRequestHead(br) // the pool keeps the connection open
+				}
+			}
+		}, "length", 200, "ok", false, 1},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			end := make(chan struct{})
+			addr := rawServer(t, func(c net.Conn, br *bufio.Reader) { tt.script(c, br, end) })
+			t.Cleanup(func() { close(end) }) // before rawServer's cleanup waits for the script
+			p := newSet(t, clock.Real{}).Pool("t", Config{Addr: addr})
+			h := getRequest(addr, "/upload")
+			h.SetMethod("POST")
+			h.SetContentLength(size)
+			req := &Request{Header: h, Stream: io.LimitReader(zeros{}, size), Deadline: time.Now().Add(10 * time.Second)}
+			switch tt.framing {
+			case "chunked":
+				h.SetContentLength(-1)
+			case "buffered":
+				req.Stream, req.Body = nil, make([]byte, size)
+			}
+			st, got, err := exchange(t, p, req)
+			if err != nil || st != tt.status || string(got) != tt.body {
+				t.Fatalf("status %d body %q err %v; want %d %q", st, got, err, tt.status, tt.body)
+			}
+			if req.BodyCut != tt.cut {
+				t.Errorf("BodyCut %v, want %v", req.BodyCut, tt.cut)
+			}
+			if s := p.Stats(); s.Idle != tt.idle || s.Open != tt.idle {
+				t.Errorf("pool after the exchange: %+v, want %d open and idle", s, tt.idle)
+			}
+		})
+	}
+}
+
+// zeros reads as an endless run of zero bytes.
+type zeros struct{}
+
+func (zeros) Read(p []byte) (int, error) {
+	clear(p)
+	return len(p), nil
+}
+
+// TestLongUploadFailures: the failures of a long upload sent while its
+// answer is watched for are still told apart: an upstream that closes
+// without answering is the upstream's failure, not a timeout of the write
+// it cut short, and a client body that fails is the client's.
+func TestLongUploadFailures(t *testing.T) {
+	const size = 64 << 20
+	tests := []struct {
+		name   string
+		script func(c net.Conn, br *bufio.Reader, end <-chan struct{})
+		body   io.Reader
+		kind   Kind
+	}{
+		{"closed without an answer", func(c net.Conn, br *bufio.Reader, end <-chan struct{}) {
+			if readRequestHead(br) == nil {
+				// Closed for sending only, and no longer read: the write
+				// blocks until the read's end cuts it short.
+				c.(*net.TCPConn).CloseWrite()
+				<-end
+			}
+		}, io.LimitReader(zeros{}, size), KindUpstream},
+		{"the client body fails", func(c net.Conn, br *bufio.Reader, _ <-chan struct{}) { io.Copy(io.Discard, br) },
+			io.MultiReader(io.LimitReader(zeros{}, 1<<20), errReader{}), KindClient},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			end := make(chan struct{})
+			addr := rawServer(t, func(c net.Conn, br *bufio.Reader) { tt.script(c, br, end) })
+			t.Cleanup(func() { close(end) })
+			p := newSet(t, clock.Real{}).Pool("t", Config{Addr: addr})
+			h := getRequest(addr, "/upload")
+			h.SetMethod("POST")
+			h.SetContentLength(size)
+			req := &Request{Header: h, Stream: tt.body, Deadline: time.Now().Add(10 * time.Second)}
+			_, _, err := exchange(t, p, req)
+			if KindOf(err) != tt.kind || isTimeout(err) {
+				t.Fatalf("err %v (kind %v), want a %v error that is no timeout", err, KindOf(err), tt.kind)
+			}
+			if s := p.Stats(); s.Open != 0 {
+				t.Errorf("pool after the failure: %+v", s)
+			}
+		})
 	}
 }

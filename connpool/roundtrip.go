@@ -7,6 +7,7 @@ import (
 	"errors"
 	"io"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/valyala/fasthttp"
@@ -47,6 +48,10 @@ type Request struct {
 	// Switched is set by Do when the upstream answered an Upgrade request
 	// with 101: the connection is the caller's from then on.
 	Switched *Switched
+	// BodyCut is set by Do when the upstream gave its final answer before
+	// the whole of a streamed body had gone out: the rest was not sent,
+	// and what the caller has not read of Stream is still unread.
+	BodyCut bool
 }
 
 // Switched is an upstream connection that left HTTP with a 101 Switching
@@ -114,8 +119,10 @@ func (p *Pool) Do(req *Request, resp *fasthttp.Response, fin Finisher) (streamed
 		p.release(c, true)
 		return false, &Error{Kind: KindClient, Op: "send request to", Addr: p.cfg.Addr, Err: ErrAbandoned}
 	}
-	err = p.writeRequest(c, req)
-	if err == nil {
+	req.BodyCut = false
+	if watchesAnswer(req) {
+		err = p.sendWatching(c, req, resp)
+	} else if err = p.writeRequest(c, req, true); err == nil {
 		err = p.readHead(c, resp, req.Upgrade)
 	}
 	if req.Abort.detach() {
@@ -134,7 +141,7 @@ func (p *Pool) Do(req *Request, resp *fasthttp.Response, fin Finisher) (streamed
 		req.Switched = &Switched{p: p, c: c}
 		return false, nil
 	}
-	keepAlive := !resp.Header.ConnectionClose() && !req.Header.ConnectionClose()
+	keepAlive := !resp.Header.ConnectionClose() && !req.Header.ConnectionClose() && !req.BodyCut
 	if req.Header.IsHead() || status == fasthttp.StatusNoContent || status == fasthttp.StatusNotModified {
 		resp.SkipBody = req.Header.IsHead()
 		p.release(c, keepAlive)
@@ -226,7 +233,80 @@ func (p *Pool) readHead(c *Conn, resp *fasthttp.Response, upgrade bool) error {
 	return &Error{Kind: KindUpstream, Op: "read response from", Addr: p.cfg.Addr, Err: errTooManyInfos}
 }
 
-func (p *Pool) writeRequest(c *Conn, req *Request) error {
+// watchesAnswer reports whether req is sent while its answer is watched
+// for (sendWatching): when its body is longer than half the write buffer,
+// or chunked. A shorter one goes out with its head in one write, which the
+// kernel takes whole even from an upstream that answers early, so the
+// answer is read after it, as a request without a body's is.
+func watchesAnswer(req *Request) bool {
+	n := len(req.Body)
+	if req.Stream != nil {
+		n = req.Header.ContentLength()
+		if n < 0 {
+			return true
+		}
+	}
+	return n > writeBufferSize/2
+}
+
+// sendWatching sends a request with a long body while it reads the response head,
+// so that an upstream that answers before it has the whole body (a 413 or
+// a 401 to a long upload) gets its answer through, whether it then closes
+// the connection or stops reading it. A final answer that comes first
+// ends the sending (req.BodyCut), as Envoy ends an upstream request whose
+// response came first. A write failing after such an answer is not the
+// exchange's error: the answer is.
+func (p *Pool) sendWatching(c *Conn, req *Request, resp *fasthttp.Response) error {
+	w := &watch{head: make(chan error, 1)}
+	go w.read(p, c, resp, req.Upgrade)
+	werr := p.writeRequest(c, req, false)
+	w.sent.Store(true)
+	if werr != nil && KindOf(werr) == KindClient {
+		// The client's body failed: nothing more will be asked of the
+		// upstream, so the read is cut short too.
+		_ = c.nc.SetReadDeadline(aLongTimeAgo)
+		<-w.head
+		return werr
+	}
+	herr := <-w.head
+	switch {
+	case herr == nil && werr != nil:
+		req.BodyCut = true
+		return nil
+	case herr == nil:
+		if w.cut.Load() {
+			// The head came as the last write ended: all was sent, and
+			// the connection may carry the next request.
+			_ = c.nc.SetWriteDeadline(c.deadline)
+		}
+		return nil
+	case w.cut.Load() || werr == nil:
+		// The read ended first (the upstream closed, or sent no HTTP):
+		// its error says why, not the write it then cut short.
+		return herr
+	}
+	return werr
+}
+
+// watch is the response read that runs beside a streamed request's writes.
+type watch struct {
+	head chan error  // readHead's result
+	sent atomic.Bool // the writes have ended
+	cut  atomic.Bool // the read ended first and stopped the writes
+}
+
+func (w *watch) read(p *Pool, c *Conn, resp *fasthttp.Response, upgrade bool) {
+	err := p.readHead(c, resp, upgrade)
+	if !w.sent.Load() {
+		// An answer, or the connection's end, before the whole request:
+		// the write under way, blocked or not, fails at once.
+		w.cut.Store(true)
+		_ = c.nc.SetWriteDeadline(aLongTimeAgo)
+	}
+	w.head <- err
+}
+
+func (p *Pool) writeRequest(c *Conn, req *Request, await bool) error {
 	bw := c.bw
 	writes := c.out.writes
 	if err := p.writeHead(bw, req.Header); err != nil {
@@ -247,7 +327,7 @@ func (p *Pool) writeRequest(c *Conn, req *Request) error {
 		// as it has the head (a refusal, the rest of the body dropped);
 		// that answer would arrive before the last write clears the
 		// socket's readiness, and nothing would wake the wait.
-		c.out.await = c.out.writes == writes
+		c.out.await = await && c.out.writes == writes
 		err = bw.Flush()
 		c.out.await = false
 	}

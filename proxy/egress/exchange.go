@@ -201,6 +201,11 @@ func (e *Egress) exchange(ctx *fasthttp.RequestCtx, x *exchange, pool *connpool.
 					respond.MarkControl(&ctx.Response.Header, refused)
 					r.Stats.Reject(refused, r.Name)
 				}
+				if x.req.BodyCut && x.req.Stream != nil {
+					// The rest of the client's body is unread (a body read whole
+					// was, and the connection carries on).
+					e.tunnels.Linger(ctx)
+				}
 				if !streamed {
 					x.done()
 					return

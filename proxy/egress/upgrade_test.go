@@ -1,8 +1,10 @@
 package egress
 
 import (
+	"fmt"
 	"io"
 	"net/http"
+	"strings"
 	"testing"
 
 	"github.com/warden-dev/warden/internal/fasttest"
@@ -47,5 +49,27 @@ func TestUpgradeHoldsPoolSlot(t *testing.T) {
 	})
 	if r := f.do(t, "GET", "http://api.test/", nil); r.status != 400 {
 		t.Fatalf("after the tunnel: %+v, want the upstream's own 400", r)
+	}
+}
+
+// TestEarlyAnswer: an upstream that refuses an upload from its head,
+// reading none of the body, gets its 413 to the caller, by length or
+// chunked; the caller's connection then closes cleanly.
+func TestEarlyAnswer(t *testing.T) {
+	up := fasttest.RefusingUpstream(t)
+	f := start(t, egressPolicy("  allow_unlisted: false", "targets:\n"+target("api", []string{"api.test"}, up.URL, "")+
+		target("kept", []string{"kept.test"}, up.URL, "retry: { count: 1, logic: fixed, delay: 0s, jitter: 0 }")), nil)
+	fasttest.CheckEarlyAnswer(t, f.addr, fmt.Sprintf("POST /upload HTTP/1.1\r\nHost: api.test\r\nContent-Length: %d\r\n\r\n", fasttest.UploadSize))
+	fasttest.CheckEarlyAnswer(t, f.addr, "POST http://api.test/upload HTTP/1.1\r\nHost: api.test\r\nTransfer-Encoding: chunked\r\n\r\n")
+	if n := fasttest.Value(f.gov.Metrics.Requests.WithLabelValues("egress", "api", "413")); n != 2 {
+		t.Errorf("warden_requests_total{egress,api,413} = %v, want 2", n)
+	}
+	// A body kept whole for a retry (an idempotent PUT to a target with a
+	// retry policy, within 1 MiB) was read to its end: the caller's
+	// connection carries on.
+	body := strings.Repeat("x", 900<<10)
+	resp, got := fasttest.Raw(t, f.addr, fmt.Sprintf("PUT /upload HTTP/1.1\r\nHost: kept.test\r\nContent-Length: %d\r\n\r\n%s", len(body), body))
+	if resp.StatusCode != 413 || string(got) != "too large" || resp.Close {
+		t.Fatalf("%d %q close=%v, want the upstream's 413 on a connection kept open", resp.StatusCode, got, resp.Close)
 	}
 }

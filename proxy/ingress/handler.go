@@ -14,6 +14,7 @@ import (
 	"github.com/warden-dev/warden/proxy/forward"
 	"github.com/warden-dev/warden/proxy/httpwire"
 	"github.com/warden-dev/warden/proxy/respond"
+	"github.com/warden-dev/warden/proxy/splice"
 	"github.com/warden-dev/warden/proxy/stats"
 )
 
@@ -151,7 +152,7 @@ func (g *Ingress) serveMounted(ctx *fasthttp.RequestCtx, rt *policyState, m *mou
 			// tenant's 429 (SPEC §6), and words it as the scheduler words
 			// its own body errors.
 			respond.Error(ctx, fasthttp.StatusBadRequest, tooLarge(ctx, m.maxBody))
-			forward.DiscardRest(ctx, lingerMax, lingerTime)
+			forward.DiscardRest(ctx, splice.LingerMax, splice.LingerTime)
 		} else {
 			respond.Error(ctx, fasthttp.StatusBadRequest, err.Error())
 		}
@@ -165,14 +166,6 @@ func (g *Ingress) serveMounted(ctx *fasthttp.RequestCtx, rt *policyState, m *mou
 	}
 	rt.mounted.Done(ctx.Response.StatusCode(), ctx.Time())
 }
-
-// lingerMax and lingerTime bound what is read and dropped of a mounted
-// request's body over the limit, so that its client gets the 400 rather
-// than a reset (forward.DiscardRest).
-const (
-	lingerMax  = 16 << 20
-	lingerTime = 5 * time.Second
-)
 
 // tooLarge is the message for a mounted request's body over limit: its
 // size when the request announced it, else that it goes past the limit.
@@ -297,6 +290,11 @@ func (g *Ingress) forward(ctx *fasthttp.RequestCtx, rt *policyState, f httpwire.
 	}
 	httpwire.StripResponse(&ctx.Response.Header)
 	x.code = ctx.Response.StatusCode()
+	if x.req.BodyCut && x.req.Stream != nil {
+		// The rest of the client's body is unread (a body read whole
+		// was, and the connection carries on).
+		g.tunnels.Linger(ctx)
+	}
 	if !streamed {
 		x.done()
 		return

@@ -14,6 +14,8 @@ import (
 	"time"
 
 	"github.com/valyala/fasthttp"
+
+	"github.com/warden-dev/warden/internal/fasttest"
 )
 
 // heapWatch samples the heap in use until stopped and reports the peak.
@@ -145,5 +147,18 @@ func TestGiBDownloadStreams(t *testing.T) {
 	t.Logf("1 GiB download: peak heap in use %d MiB, process RSS high-water %s", peak>>20, rssHighWater())
 	if peak > heapBudget {
 		t.Fatalf("peak heap %d MiB during a streamed download (budget %d MiB)", peak>>20, heapBudget>>20)
+	}
+}
+
+// TestEarlyAnswer: a worker that refuses an upload from its head, reading
+// none of the body, gets its 413 to the client, with the body announced
+// by length or chunked; the client's connection then closes cleanly.
+func TestEarlyAnswer(t *testing.T) {
+	w := fasttest.RefusingUpstream(t)
+	f := startAt(t, "", strings.TrimPrefix(w.URL, "http://"))
+	fasttest.CheckEarlyAnswer(t, f.addr, fmt.Sprintf("POST /upload HTTP/1.1\r\nHost: w\r\nContent-Length: %d\r\n\r\n", fasttest.UploadSize))
+	fasttest.CheckEarlyAnswer(t, f.addr, "POST /upload HTTP/1.1\r\nHost: w\r\nTransfer-Encoding: chunked\r\n\r\n")
+	if n := fasttest.Value(f.gov.Metrics.Requests.WithLabelValues("ingress", "worker", "413")); n != 2 {
+		t.Errorf("warden_requests_total{ingress,worker,413} = %v, want 2", n)
 	}
 }

@@ -1,8 +1,9 @@
-// Package splice joins a client connection to an upstream connection once
-// HTTP has handed both over (a CONNECT tunnel on the egress, a protocol
-// switched by 101 on the ingress) and copies bytes both ways, unread, until
-// both sides are done. A Set keeps the open ones, so that a drain can wait
-// for them and then cut them.
+// Package splice takes over client connections that HTTP has handed over.
+// It joins one to an upstream connection (a CONNECT tunnel, a protocol
+// switched by 101) and copies bytes both ways, unread, until both sides are
+// done; or it writes the answer to a request whose body was cut short and
+// then closes with a linger (Set.Linger). A Set keeps the open ones, so
+// that a drain can wait for them and then cut them.
 package splice
 
 import (
@@ -94,20 +95,25 @@ func (t *Tunnel) Close() {
 // them at the deadline. The zero value is ready.
 type Set struct {
 	mu       sync.Mutex
-	open     map[*Tunnel]struct{}
+	open     map[closer]struct{}
 	draining bool
 	empty    chan struct{} // closed when the last tunnel ends while draining
 }
 
+// closer is a connection taken over: a *Tunnel, or a lingering close.
+type closer interface{ Close() }
+
 // Add records t as open; false when a drain has begun, and t must not run.
-func (s *Set) Add(t *Tunnel) bool {
+func (s *Set) Add(t *Tunnel) bool { return s.add(t) }
+
+func (s *Set) add(t closer) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.draining {
 		return false
 	}
 	if s.open == nil {
-		s.open = map[*Tunnel]struct{}{}
+		s.open = map[closer]struct{}{}
 	}
 	s.open[t] = struct{}{}
 	return true
@@ -142,7 +148,9 @@ func (s *Set) Hijack(ctx *fasthttp.RequestCtx, up io.ReadWriteCloser, ended func
 }
 
 // Remove records that t has ended.
-func (s *Set) Remove(t *Tunnel) {
+func (s *Set) Remove(t *Tunnel) { s.remove(t) }
+
+func (s *Set) remove(t closer) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	delete(s.open, t)
@@ -170,7 +178,7 @@ func (s *Set) Drain(ctx context.Context) error {
 	case <-ctx.Done():
 	}
 	s.mu.Lock()
-	open := make([]*Tunnel, 0, len(s.open))
+	open := make([]closer, 0, len(s.open))
 	for t := range s.open {
 		open = append(open, t)
 	}

@@ -9,9 +9,11 @@ import (
 	"time"
 
 	"go.uber.org/goleak"
+
+	"github.com/warden-dev/warden/internal/fasttest"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m, fasttest.LeakOptions()...) }
 
 // tcpPair returns the two ends of a loopback TCP connection.
 func tcpPair(t *testing.T) (*net.TCPConn, *net.TCPConn) {
