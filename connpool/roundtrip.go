@@ -49,8 +49,9 @@ type Request struct {
 	// with 101: the connection is the caller's from then on.
 	Switched *Switched
 	// BodyCut is set by Do when the upstream gave its final answer before
-	// the whole of a streamed body had gone out: the rest was not sent,
-	// and what the caller has not read of Stream is still unread.
+	// the whole body had gone out: the rest was not sent, the connection
+	// is not reused, and what the caller has not read of Stream is still
+	// unread.
 	BodyCut bool
 }
 
@@ -249,10 +250,10 @@ func watchesAnswer(req *Request) bool {
 	return n > writeBufferSize/2
 }
 
-// sendWatching sends a request with a long body while it reads the response head,
-// so that an upstream that answers before it has the whole body (a 413 or
-// a 401 to a long upload) gets its answer through, whether it then closes
-// the connection or stops reading it. A final answer that comes first
+// sendWatching sends a request with a long body while it reads the
+// response head, so that an upstream that answers before it has the whole
+// body (a 413 or a 401 to a long upload) gets its answer through, whether
+// it then closes the connection or stops reading it. A final answer that comes first
 // ends the sending (req.BodyCut), as Envoy ends an upstream request whose
 // response came first. A write failing after such an answer is not the
 // exchange's error: the answer is.
@@ -288,7 +289,7 @@ func (p *Pool) sendWatching(c *Conn, req *Request, resp *fasthttp.Response) erro
 	return werr
 }
 
-// watch is the response read that runs beside a streamed request's writes.
+// watch is the response read that runs beside a long request's writes.
 type watch struct {
 	head chan error  // readHead's result
 	sent atomic.Bool // the writes have ended
