@@ -221,19 +221,3 @@ func (p *prefixReader) Read(b []byte) (int, error) {
 	}
 	return p.r.Read(b)
 }
-
-// DiscardRest reads and drops what is left of a streamed request body that
-// was refused, at most max bytes and for at most d, before the connection
-// closes. A client sends its whole body before it reads the answer; closing
-// with part of it unread makes the kernel reset the connection, and the
-// client sees the reset instead of the refusal (nginx's lingering close
-// does the same). Past max or d the connection is closed anyway.
-func DiscardRest(ctx *fasthttp.RequestCtx, max int64, d time.Duration) {
-	if !ctx.Request.IsBodyStream() {
-		return
-	}
-	if err := ctx.Conn().SetReadDeadline(time.Now().Add(d)); err != nil {
-		return
-	}
-	_, _ = io.CopyN(io.Discard, ctx.RequestBodyStream(), max)
-}

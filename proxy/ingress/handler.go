@@ -14,7 +14,6 @@ import (
 	"github.com/warden-dev/warden/proxy/forward"
 	"github.com/warden-dev/warden/proxy/httpwire"
 	"github.com/warden-dev/warden/proxy/respond"
-	"github.com/warden-dev/warden/proxy/splice"
 	"github.com/warden-dev/warden/proxy/stats"
 )
 
@@ -151,8 +150,10 @@ func (g *Ingress) serveMounted(ctx *fasthttp.RequestCtx, rt *policyState, m *mou
 			// A 400, not a 413: the run API refuses only with 400s and the
 			// tenant's 429 (SPEC §6), and words it as the scheduler words
 			// its own body errors.
+			// Answered at once; the rest of the body is read and dropped
+			// after the answer, so the client sees it, not a reset.
 			respond.Error(ctx, fasthttp.StatusBadRequest, tooLarge(ctx, m.maxBody))
-			forward.DiscardRest(ctx, splice.LingerMax, splice.LingerTime)
+			g.tunnels.Linger(ctx)
 		} else {
 			respond.Error(ctx, fasthttp.StatusBadRequest, err.Error())
 		}

@@ -20,6 +20,7 @@ import (
 	"github.com/warden-dev/warden/internal/loopback"
 	"github.com/warden-dev/warden/proxy/clientwait"
 	"github.com/warden-dev/warden/proxy/forward"
+	"github.com/warden-dev/warden/proxy/splice"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m, fasttest.LeakOptions()...) }
@@ -500,6 +501,22 @@ func TestMountBodyLimit(t *testing.T) {
 				t.Fatalf("refusal Content-Type %q, want application/json", resp.Header.Get("Content-Type"))
 			}
 		})
+	}
+	// The refusal of a body announced too large comes at once, while the
+	// client has sent only part of it: the rest is read and dropped after
+	// the answer (a lingering close), not before it. Read first, the
+	// client would wait out the linger's 5 s for the answer; the read here
+	// gives up well before.
+	c, err := net.Dial("tcp", f.addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	fmt.Fprintf(c, "POST /v1/runs HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n%s", limit+1, strings.Repeat("x", 8<<10))
+	_ = c.SetReadDeadline(time.Now().Add(splice.LingerTime / 2))
+	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+	if err != nil || resp.StatusCode != 400 || !resp.Close {
+		t.Fatalf("answer while the body is still owed: %v %v, want the 400 closing the connection", resp, err)
 	}
 }
 
