@@ -50,7 +50,7 @@ func BenchmarkEgressHandler(b *testing.B) {
 				if err != nil {
 					b.Fatal(err)
 				}
-				e.serve(ctx)
+				e.handle(ctx)
 				if ctx.Response.StatusCode() != 200 {
 					b.Fatalf("status %d: %s", ctx.Response.StatusCode(), ctx.Response.Body())
 				}

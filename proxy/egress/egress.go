@@ -69,7 +69,7 @@ func New(opts Options) *Egress {
 		tlsBase:   base,
 	}
 	e.slot = listener.NewSlot("egress", opts.Clock, opts.Log, func(addr string) (listener.Server, error) {
-		srv := listener.ProxyServer(e.serve, e.refuse, opts.Log)
+		srv := listener.ProxyServer(e.handle, e.refuse, opts.Log)
 		srv.ExpectHandler = e.expect
 		return listener.Start(addr, srv, opts.Log)
 	})

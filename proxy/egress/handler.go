@@ -20,28 +20,39 @@ const forwardedMethods = "GET, HEAD, POST, PUT, PATCH, DELETE, OPTIONS, TRACE, C
 // maxAuthority bounds the normalised host:port a route is looked up by.
 const maxAuthority = 300
 
+// handle serves a request. One refused from its head, its body unread,
+// closes with a linger when more of the body may follow than fasthttp
+// drops by itself, so that the client sees the refusal, not a reset.
+func (e *Egress) handle(ctx *fasthttp.RequestCtx) {
+	if !e.serve(ctx) {
+		e.tunnels.LingerUnread(ctx)
+	}
+}
+
 // serve is the request path: framing checks, the target, admission, then
-// the exchange (a tunnel for CONNECT).
-func (e *Egress) serve(ctx *fasthttp.RequestCtx) {
+// the exchange (a tunnel for CONNECT). It reports whether the request went
+// on to the exchange or the tunnel, which take its body, or ended with its
+// client gone; a refusal leaves the body unread.
+func (e *Egress) serve(ctx *fasthttp.RequestCtx) (went bool) {
 	tb := e.table.Load()
 	if tb == nil {
 		respond.Error(ctx, fasthttp.StatusServiceUnavailable, "egress is not configured")
-		return
+		return false
 	}
 	var hd head
 	if !e.readHead(ctx, tb, &hd, ctx.Time()) {
-		return
+		return false
 	}
 	if hd.r == nil {
 		e.connect(ctx, tb, hd.scan)
-		return
+		return true
 	}
 	r := hd.r
 	// Answered before admission, as a framing refusal is: the request
 	// reaches no upstream. expect leaves it to here: it changes the header.
 	if code := respond.MaxForwards(ctx, hd.scan.Fields, forwardedMethods); code != 0 {
 		r.Stats.Done(code, ctx.Time())
-		return
+		return false
 	}
 	x := getExchange(e, r, ctx.Time())
 	now := e.now(ctx.Time())
@@ -57,11 +68,11 @@ func (e *Egress) serve(ctx *fasthttp.RequestCtx) {
 	if !ok {
 		if gone {
 			x.clientGone(ctx)
-			return
+			return true
 		}
 		x.code = e.refuseAdmission(ctx, r, ref, now)
 		x.done()
-		return
+		return false
 	}
 	// The request as the upstream must see it.
 	h := &ctx.Request.Header
@@ -80,6 +91,7 @@ func (e *Egress) serve(ctx *fasthttp.RequestCtx) {
 		https = r.fixed.Config().TLS != nil
 	}
 	e.exchange(ctx, x, e.pool(r, https, hd.ab[:hd.n]), hd.scan.Fields)
+	return true
 }
 
 // head is what a request's head decides before admission.

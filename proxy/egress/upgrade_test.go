@@ -73,3 +73,16 @@ func TestEarlyAnswer(t *testing.T) {
 		t.Fatalf("%d %q close=%v, want the upstream's 413 on a connection kept open", resp.StatusCode, got, resp.Close)
 	}
 }
+
+// TestRefusalBeforeBody: a long upload the egress refuses from its head
+// (an unlisted host; a tenant over its cap), its body unread, gets the
+// refusal, and the connection then ends cleanly while the caller still
+// sends, by length or chunked, rather than by a reset.
+func TestRefusalBeforeBody(t *testing.T) {
+	up := fasttest.RefusingUpstream(t)
+	f := start(t, egressPolicy("  allow_unlisted: false", "targets:\n"+target("api", []string{"api.test"}, up.URL, "")), nil)
+	for _, framing := range []string{fmt.Sprintf("Content-Length: %d", fasttest.UploadSize), "Transfer-Encoding: chunked"} {
+		fasttest.CheckAnswerBeforeBody(t, f.addr, "POST /upload HTTP/1.1\r\nHost: nowhere.test\r\n"+framing+"\r\n\r\n",
+			403, "~allow_unlisted")
+	}
+}

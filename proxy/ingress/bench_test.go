@@ -32,7 +32,7 @@ func BenchmarkIngressHandler(b *testing.B) {
 		if err != nil {
 			b.Fatal(err)
 		}
-		in.serve(ctx)
+		in.handle(ctx)
 		if ctx.Response.StatusCode() != 200 {
 			b.Fatalf("status %d: %s", ctx.Response.StatusCode(), ctx.Response.Body())
 		}

@@ -20,29 +20,40 @@ import (
 // forwardedMethods is what the ingress passes to the worker, for Allow.
 const forwardedMethods = "GET, HEAD, POST, PUT, PATCH, DELETE, OPTIONS, TRACE"
 
+// handle serves a request. One refused from its head, its body unread,
+// closes with a linger when more of the body may follow than fasthttp
+// drops by itself, so that the client sees the refusal, not a reset.
+func (g *Ingress) handle(ctx *fasthttp.RequestCtx) {
+	if !g.serve(ctx) {
+		g.tunnels.LingerUnread(ctx)
+	}
+}
+
 // serve is the request path: framing checks, Max-Forwards, tenant cap,
-// request ID, then the mounted handler or the worker.
-func (g *Ingress) serve(ctx *fasthttp.RequestCtx) {
+// request ID, then the mounted handler or the worker. It reports whether
+// the request went on to them, which take its body; a refusal leaves it
+// unread.
+func (g *Ingress) serve(ctx *fasthttp.RequestCtx) (went bool) {
 	rt := g.rt.Load()
 	if rt == nil {
 		respond.Error(ctx, fasthttp.StatusServiceUnavailable, "ingress is not configured")
-		return
+		return false
 	}
 	start := ctx.Time()
 	scan, mounted, target, ok := g.check(ctx, rt, start)
 	if !ok {
-		return
+		return false
 	}
 	// Answered before the tenant cap, as a framing refusal is: the request
 	// reaches no worker. expect leaves it to here: it changes the header.
 	if code := respond.MaxForwards(ctx, scan.Fields, forwardedMethods); code != 0 {
 		target.Done(code, start)
-		return
+		return false
 	}
 	// A request that asked before sending its body was counted against its
 	// tenant by expect.
 	if !ctx.Request.MayContinue() && !g.capTenant(ctx, rt, scan.Want, target, start) {
-		return
+		return false
 	}
 	h := &ctx.Request.Header
 	if scan.Fields&httpwire.HasRequestID == 0 {
@@ -51,9 +62,10 @@ func (g *Ingress) serve(ctx *fasthttp.RequestCtx) {
 	}
 	if mounted != nil {
 		g.serveMounted(ctx, rt, mounted)
-		return
+		return true
 	}
 	g.forward(ctx, rt, scan.Fields)
+	return true
 }
 
 // expect answers a request that asks to be told before it sends its body

@@ -95,7 +95,7 @@ func New(opts Options) *Ingress {
 		pools:     connpool.NewSet(opts.Clock, 0),
 	}
 	g.slot = listener.NewSlot("ingress", opts.Clock, opts.Log, func(addr string) (listener.Server, error) {
-		srv := listener.ProxyServer(g.serve, g.refuseUnread, opts.Log)
+		srv := listener.ProxyServer(g.handle, g.refuseUnread, opts.Log)
 		srv.ExpectHandler = g.expect
 		return listener.Start(addr, srv, opts.Log)
 	})

@@ -162,3 +162,18 @@ func TestEarlyAnswer(t *testing.T) {
 		t.Errorf("warden_requests_total{ingress,worker,413} = %v, want 2", n)
 	}
 }
+
+// TestRefusalBeforeBody: a long upload the ingress refuses from its head
+// (a tenant over its cap), its body unread, gets the 429, and the
+// connection then ends cleanly while the client still sends, by length or
+// chunked, rather than by a reset.
+func TestRefusalBeforeBody(t *testing.T) {
+	f := start(t, "  tenant: { header: x-tenant-id, rate: 1, window: 60 }", func(ctx *fasthttp.RequestCtx) {})
+	if resp, _ := fasttest.Raw(t, f.addr, "GET / HTTP/1.1\r\nHost: w\r\nX-Tenant-Id: zero\r\n\r\n"); resp.StatusCode != 200 {
+		t.Fatalf("the cap's one request: %d", resp.StatusCode)
+	}
+	for _, framing := range []string{fmt.Sprintf("Content-Length: %d", fasttest.UploadSize), "Transfer-Encoding: chunked"} {
+		fasttest.CheckAnswerBeforeBody(t, f.addr, "POST /upload HTTP/1.1\r\nHost: w\r\nX-Tenant-Id: zero\r\n"+framing+"\r\n\r\n",
+			429, "~tenant_rate")
+	}
+}

@@ -86,3 +86,21 @@ func (l *lingering) Close() {
 		_ = l.c.SetDeadline(time.Unix(1, 0))
 	}
 }
+
+// unreadDropped is how much of a request body its handler left unread
+// fasthttp reads and drops itself before the next request; past it,
+// fasthttp closes the connection as soon as the answer is written.
+const unreadDropped = 256 << 10
+
+// LingerUnread is Linger for a request answered from its head, its body
+// unread (a refusal), when more of the body may follow than fasthttp reads
+// and drops by itself (unreadDropped): one announced longer, or chunked.
+// A shorter body is left to fasthttp, which keeps the connection.
+func (s *Set) LingerUnread(ctx *fasthttp.RequestCtx) {
+	if !ctx.Request.IsBodyStream() || ctx.Hijacked() {
+		return
+	}
+	if cl := ctx.Request.Header.ContentLength(); cl == -1 || cl > unreadDropped {
+		s.Linger(ctx)
+	}
+}
