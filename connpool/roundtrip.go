@@ -55,6 +55,11 @@ type Request struct {
 	BodyCut bool
 }
 
+// StreamLeft reports whether part of Stream is left unread: the upstream
+// answered before the whole of a streamed body (BodyCut). A body given
+// whole (Body) was read to its end before Do.
+func (r *Request) StreamLeft() bool { return r.BodyCut && r.Stream != nil }
+
 // Switched is an upstream connection that left HTTP with a 101 Switching
 // Protocols: what it reads begins with whatever the upstream sent after
 // its 101. It holds its slot in the pool until Close.

@@ -201,9 +201,7 @@ func (e *Egress) exchange(ctx *fasthttp.RequestCtx, x *exchange, pool *connpool.
 					respond.MarkControl(&ctx.Response.Header, refused)
 					r.Stats.Reject(refused, r.Name)
 				}
-				if x.req.BodyCut && x.req.Stream != nil {
-					// The rest of the client's body is unread (a body read whole
-					// was, and the connection carries on).
+				if x.req.StreamLeft() {
 					e.tunnels.Linger(ctx)
 				}
 				if !streamed {

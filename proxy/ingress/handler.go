@@ -161,9 +161,9 @@ func (g *Ingress) serveMounted(ctx *fasthttp.RequestCtx, rt *policyState, m *mou
 		if errors.Is(err, forward.ErrTooLarge) {
 			// A 400, not a 413: the run API refuses only with 400s and the
 			// tenant's 429 (SPEC §6), and words it as the scheduler words
-			// its own body errors.
-			// Answered at once; the rest of the body is read and dropped
-			// after the answer, so the client sees it, not a reset.
+			// its own body errors. It goes at once; the rest of the body
+			// is read and dropped after it, so the client sees it, not a
+			// reset.
 			respond.Error(ctx, fasthttp.StatusBadRequest, tooLarge(ctx, m.maxBody))
 			g.tunnels.Linger(ctx)
 		} else {
@@ -303,9 +303,7 @@ func (g *Ingress) forward(ctx *fasthttp.RequestCtx, rt *policyState, f httpwire.
 	}
 	httpwire.StripResponse(&ctx.Response.Header)
 	x.code = ctx.Response.StatusCode()
-	if x.req.BodyCut && x.req.Stream != nil {
-		// The rest of the client's body is unread (a body read whole
-		// was, and the connection carries on).
+	if x.req.StreamLeft() {
 		g.tunnels.Linger(ctx)
 	}
 	if !streamed {

@@ -83,7 +83,7 @@ func (l *lingering) Close() {
 	defer l.mu.Unlock()
 	l.closed = true
 	if l.c != nil {
-		_ = l.c.SetDeadline(time.Unix(1, 0))
+		_ = l.c.SetDeadline(longPast)
 	}
 }
 

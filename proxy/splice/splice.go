@@ -86,10 +86,14 @@ func (t *Tunnel) Close() {
 		// fasthttp closes a hijacked connection only when the hijack
 		// handler returns, so Close alone would not wake a blocked read; a
 		// past deadline does.
-		_ = t.client.SetDeadline(time.Unix(1, 0))
+		_ = t.client.SetDeadline(longPast)
 		t.client.Close()
 	}
 }
+
+// longPast is a deadline that has passed: a read or write under way, or
+// blocked, fails at once.
+var longPast = time.Unix(1, 0)
 
 // Set tracks the open tunnels so that shutdown can wait for them and cut
 // them at the deadline. The zero value is ready.
