@@ -47,7 +47,7 @@ func (p *Pool) dial(deadline time.Time) (*Conn, error) {
 	if err != nil {
 		return nil, wrap(KindDial, "dial", p.cfg.Addr, err)
 	}
-	raw = rawio.Wrap(raw)
+	raw = rawio.WrapLazy(raw)
 	nc := raw
 	var set time.Time // the deadline left on the connection
 	if p.tls != nil {

@@ -21,7 +21,8 @@ const (
 // or a close_notify, mean the upstream is done with it), and a proxy of its
 // client after a failed exchange (PeekClosed: the client gave up, so the
 // upstream is not to blame). A deadline-based read cannot do this: Go fails
-// a read whose deadline has passed before it asks the kernel.
+// a read whose deadline has passed before it asks the kernel. Peek never
+// waits, whatever c's deadlines, and may run while c is being read.
 func Peek(c net.Conn) Peeked {
 	sc, ok := c.(syscall.Conn)
 	if !ok {

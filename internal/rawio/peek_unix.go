@@ -7,7 +7,9 @@ import "syscall"
 func peek(rc syscall.RawConn) Peeked {
 	got := PeekUnknown
 	var buf [1]byte
-	err := rc.Read(func(fd uintptr) bool {
+	// Control, not Read: Read fails at once when the read deadline has
+	// passed, and waits for a Read in progress on another goroutine.
+	err := rc.Control(func(fd uintptr) {
 		n, _, errno := syscall.Recvfrom(int(fd), buf[:], syscall.MSG_PEEK|syscall.MSG_DONTWAIT)
 		switch {
 		case n > 0:
@@ -19,7 +21,6 @@ func peek(rc syscall.RawConn) Peeked {
 		case errno == syscall.ECONNRESET || errno == syscall.EPIPE:
 			got = PeekClosed
 		}
-		return true // never wait for readiness
 	})
 	if err != nil {
 		return PeekClosed // the descriptor is closed: nothing will come

@@ -21,6 +21,10 @@
 // on its way back from a raw call keeps its processor while it waits, where
 // sysmon would have handed it on (proxy/README, "Raw socket I/O", has the
 // latency measured both ways).
+//
+// WrapLazy (and Listener) also keep a connection's deadlines lazily: the
+// socket's moves only when the caller's comes sooner, or when the socket's
+// passes while the caller's is still ahead.
 package rawio
 
 import (
@@ -36,7 +40,7 @@ import (
 const maxRaw = 64 << 10
 
 // Listener wraps ln so that the TCP connections it accepts are raw
-// connections (Wrap).
+// connections with lazy deadlines (WrapLazy).
 func Listener(ln net.Listener) net.Listener { return listener{ln} }
 
 type listener struct{ net.Listener }
@@ -46,14 +50,25 @@ func (l listener) Accept() (net.Conn, error) {
 	if err != nil {
 		return nil, err
 	}
-	return Wrap(c), nil
+	return WrapLazy(c), nil
 }
 
 // Wrap returns c reading and writing with raw calls when it is a TCP
 // connection on a system where that is done (Linux), else c itself. The
 // result embeds the *net.TCPConn, so deadlines, SyscallConn, CloseWrite
 // and the kernel-side copies of ReadFrom/WriteTo still work.
-func Wrap(c net.Conn) net.Conn {
+func Wrap(c net.Conn) net.Conn { return wrapWith(c, wrap) }
+
+// WrapLazy returns c as Wrap does, and also keeps its deadlines lazily
+// (on Linux): a deadline moved later stays the caller's until the socket's
+// earlier one passes, when it is checked, and a deadline moved sooner
+// reaches the socket at once. Reads, writes and timeouts behave as the
+// net package's do, as long as c's deadlines are set only through the
+// result: one set on the *net.TCPConn underneath would be taken for a
+// stale one and moved.
+func WrapLazy(c net.Conn) net.Conn { return wrapWith(c, wrapLazy) }
+
+func wrapWith(c net.Conn, w func(*net.TCPConn, syscall.RawConn) net.Conn) net.Conn {
 	tc, ok := c.(*net.TCPConn)
 	if !ok {
 		return c
@@ -62,7 +77,7 @@ func Wrap(c net.Conn) net.Conn {
 	if err != nil {
 		return c
 	}
-	return wrap(tc, rc)
+	return w(tc, rc)
 }
 
 // WriteAwaitingReply writes all of p to c, as c.Write does, and then,

@@ -129,11 +129,16 @@ func (o *op) write(fd uintptr) bool {
 }
 
 func writeAwaitingReply(c net.Conn, p []byte) (int, error) {
-	rc, ok := c.(*conn)
-	if !ok || len(p) == 0 || len(p) > maxRaw {
+	if len(p) == 0 || len(p) > maxRaw {
 		return c.Write(p)
 	}
-	return rc.writeAwaitingReply(p)
+	switch rc := c.(type) {
+	case *conn:
+		return rc.writeAwaitingReply(p)
+	case *lazyConn:
+		return rc.writeAwaitingReply(p)
+	}
+	return c.Write(p)
 }
 
 // writeAwaitingReply writes p from inside RawConn.Read: Read clears the

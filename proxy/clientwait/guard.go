@@ -16,8 +16,11 @@ import (
 // a client that left: an answer nobody will read would otherwise hold an
 // upstream connection, and a pool's slot, until it came or the timeout
 // passed. It lives in a pooled exchange and is reused: after the first
-// Start it allocates nothing, so an answer within CheckInterval costs a
-// timer's reset and stop.
+// Start it allocates nothing. Stop leaves the timer running: it fires once
+// more, finds the guard off, and stops, and a Start before that keeps it,
+// checking its request sooner than CheckInterval after Start. A guard
+// serving request after request so re-arms its timer once a CheckInterval
+// rather than twice a request (a reset and a stop, about 80 ns here).
 type Guard struct {
 	abort connpool.Abort
 
@@ -26,6 +29,8 @@ type Guard struct {
 	t    clock.Timer
 	conn net.Conn
 	on   bool
+	// armed: t will call check.
+	armed bool
 }
 
 // Start readies req to be given up, and watches conn, the connection of
@@ -42,9 +47,13 @@ func (g *Guard) Start(clk clock.Clock, conn net.Conn, req *connpool.Request) {
 		}
 		g.clk = clk
 		g.t = clk.AfterFunc(CheckInterval, g.check)
+		g.armed = true
 		return
 	}
-	g.t.Reset(CheckInterval)
+	if !g.armed {
+		g.t.Reset(CheckInterval)
+		g.armed = true
+	}
 }
 
 // Stop ends the watch once the exchange is over; err is what it ended
@@ -53,20 +62,18 @@ func (g *Guard) Start(clk clock.Clock, conn net.Conn, req *connpool.Request) {
 func (g *Guard) Stop(err error) (gone bool) {
 	g.mu.Lock()
 	g.on = false
-	if g.t != nil {
-		g.t.Stop()
-	}
 	g.conn = nil
 	g.mu.Unlock()
 	return errors.Is(err, connpool.ErrAbandoned)
 }
 
-// check runs on the timer. One that fired as Stop ran finds the guard off,
-// or started again for the next request, which it checks as that
-// request's own timer would.
+// check runs on the timer. One that fires after Stop finds the guard off,
+// and leaves the timer stopped, or started again for the next request,
+// which it checks as that request's own timer would.
 func (g *Guard) check() {
 	g.mu.Lock()
 	defer g.mu.Unlock()
+	g.armed = false
 	if !g.on {
 		return
 	}
@@ -76,4 +83,5 @@ func (g *Guard) check() {
 		return
 	}
 	g.t.Reset(CheckInterval)
+	g.armed = true
 }

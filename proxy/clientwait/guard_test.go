@@ -75,8 +75,10 @@ func TestGuard(t *testing.T) {
 			if gone := g.Stop(tc.err); gone != tc.wantGone {
 				t.Fatalf("Stop = %v, want %v", gone, tc.wantGone)
 			}
+			// The timer fires once more, finds the guard off, and stops.
+			clk.Advance(CheckInterval)
 			if n := clk.Timers(); n != 0 {
-				t.Fatalf("%d timers armed after Stop", n)
+				t.Fatalf("%d timers armed a CheckInterval after Stop", n)
 			}
 		})
 	}
@@ -107,6 +109,21 @@ func TestGuardReused(t *testing.T) {
 	if g.Stop(nil) {
 		t.Fatal("Stop reports the second client gone")
 	}
+
+	// Once the timer has fired after a Stop and stopped, a Start arms it
+	// again: the third request's client is watched.
+	clk.Advance(CheckInterval)
+	if n := clk.Timers(); n != 0 {
+		t.Fatalf("%d timers armed with the guard off", n)
+	}
+	third, thirdClient := pair(t)
+	g.Start(clk, third, &req)
+	thirdClient.Close()
+	fasttest.WaitFor(t, "the third client seen gone", func() bool {
+		clk.Advance(CheckInterval)
+		return req.Abort.Aborted()
+	})
+	g.Stop(nil)
 }
 
 // BenchmarkGuard is what watching its client costs a request answered
