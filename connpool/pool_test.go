@@ -614,6 +614,27 @@ func TestDeadlineNotLeftOver(t *testing.T) {
 	}
 }
 
+// TestReusedPastItsLastDeadline: an idle connection whose last exchange's
+// deadline has passed still carries the next request. (A peek that read
+// through the poller failed on the passed deadline and took it for
+// closed, so every request after a quiet spell longer than the target's
+// timeout dialled again.)
+func TestReusedPastItsLastDeadline(t *testing.T) {
+	u := startUpstream(t, func(ctx *fasthttp.RequestCtx) { ctx.WriteString("ok") })
+	p := newSet(t, clock.Real{}).Pool("u", Config{Addr: u.addr})
+	first := time.Now().Add(50 * time.Millisecond)
+	if _, _, err := exchange(t, p, &Request{Header: getRequest("x", "/"), Deadline: first}); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(time.Until(first) + 20*time.Millisecond) // the deadline itself is what must pass
+	if _, body, err := exchange(t, p, &Request{Header: getRequest("x", "/"), Deadline: time.Now().Add(5 * time.Second)}); err != nil || string(body) != "ok" {
+		t.Fatalf("exchange after the last deadline passed: %q %v", body, err)
+	}
+	if n := u.opened.Load(); n != 1 {
+		t.Fatalf("%d connections opened, want the first one reused", n)
+	}
+}
+
 // TestMaxLifetimeRetires: connections are replaced after MaxLifetime, so
 // a new dial (and a new DNS answer) is used even under steady reuse.
 func TestMaxLifetimeRetires(t *testing.T) {

@@ -430,6 +430,13 @@ func TestPeek(t *testing.T) {
 			}
 		})
 	}
+	// A passed read deadline does not make an open connection look closed.
+	for _, c := range func() []net.Conn { a, b := pair(t); return []net.Conn{a, b} }() {
+		c.SetReadDeadline(time.Unix(1, 0))
+		if got := Peek(c); got != PeekNothing {
+			t.Fatalf("Peek of %T past its read deadline = %v, want PeekNothing", c, got)
+		}
+	}
 	a, _ := pair(t)
 	a.Close()
 	if got := Peek(a); got != PeekClosed {
