@@ -47,6 +47,8 @@ const (
 	HasIdempotencyKey // with a non-empty value
 	HasWant           // the header the caller asked for
 	HasMaxForwards
+	HasForwardedFor   // X-Forwarded-For
+	HasForwardedProto // X-Forwarded-Proto
 
 	hopByHop = HasConnection | HasKeepAlive | HasProxy | HasTE | HasTrailer | HasUpgrade | HasExpect
 )
@@ -185,6 +187,9 @@ func classify(name, value []byte, seen Fields) (Fields, error) {
 			return HasContentLength, nil
 		}
 	case 15:
+		if equalFold(name, "x-forwarded-for") {
+			return HasForwardedFor, nil
+		}
 		if equalFold(name, "idempotency-key") {
 			if len(value) == 0 {
 				return 0, nil // no key: nothing makes a retry safe
@@ -192,6 +197,9 @@ func classify(name, value []byte, seen Fields) (Fields, error) {
 			return HasIdempotencyKey, nil
 		}
 	case 17:
+		if equalFold(name, "x-forwarded-proto") {
+			return HasForwardedProto, nil
+		}
 		if equalFold(name, "transfer-encoding") {
 			if seen&HasTransferEncoding != 0 {
 				return 0, ErrDuplicateTransferEncoding

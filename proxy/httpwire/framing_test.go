@@ -51,6 +51,7 @@ func TestScanRequestHeaders(t *testing.T) {
 		{"hop-by-hop", "Connection: x-a\r\nKeep-Alive: 5\r\nTE: trailers\r\nTrailer: x\r\nUpgrade: h2c\r\nProxy-Authorization: b\r\nExpect: 100-continue\r\n\r\n",
 			nil, HasConnection | HasKeepAlive | HasTE | HasTrailer | HasUpgrade | HasProxy | HasExpect, ""},
 		{"ids", "X-Request-Id: r\r\nIdempotency-Key: k\r\n\r\n", nil, HasRequestID | HasIdempotencyKey, ""},
+		{"forwarded", "x-forwarded-for: 10.0.0.1\r\nX-Forwarded-Proto: https\r\n\r\n", nil, HasForwardedFor | HasForwardedProto, ""},
 		{"empty idempotency key", "Idempotency-Key: \r\n\r\n", nil, 0, ""},
 		{"want", "X-Tenant-Id:  acme \r\n\r\n", nil, HasWant, "acme"},
 		{"two wants", "X-Tenant-Id: acme\r\nx-tenant-id: other\r\n\r\n", errDuplicateWant, 0, ""},

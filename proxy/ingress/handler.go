@@ -243,6 +243,7 @@ func (x *exchange) done() {
 func (g *Ingress) forward(ctx *fasthttp.RequestCtx, rt *policyState, f httpwire.Fields) {
 	h := &ctx.Request.Header
 	upgrade := httpwire.StripRequestKeepingUpgrade(h, f)
+	httpwire.SetForwarded(h, f, ctx.RemoteAddr())
 	if uri := h.RequestURI(); len(uri) > 0 && uri[0] != '/' && uri[0] != '*' {
 		if _, _, origin, ok := httpwire.SplitAbsoluteForm(uri); ok {
 			if len(origin) == 0 || origin[0] == '?' {

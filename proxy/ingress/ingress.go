@@ -1,8 +1,9 @@
 // Package ingress is warden's listener in front of the worker (SPEC §5):
 // a fasthttp reverse proxy that applies the per-tenant request caps,
-// refuses request smuggling, strips hop-by-hop headers, adds x-request-id,
-// streams bodies both ways, and serves the scheduler's run API (mounted
-// under its path prefix) after the same tenant cap.
+// refuses request smuggling, strips hop-by-hop headers, adds x-request-id
+// and X-Forwarded-For/-Proto, streams bodies both ways, and serves the
+// scheduler's run API (mounted under its path prefix) after the same
+// tenant cap.
 package ingress
 
 import (

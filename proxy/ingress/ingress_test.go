@@ -154,6 +154,36 @@ func TestForwardsAndStripsHopByHop(t *testing.T) {
 	}
 }
 
+// TestForwardedHeaders: the worker learns the address the request came
+// from, after any chain the client brought, and the scheme.
+func TestForwardedHeaders(t *testing.T) {
+	f := start(t, "", echoHeaders)
+	tests := []struct {
+		name, headers, wantFor, wantProto string
+	}{
+		{"no chain", "", "127.0.0.1", "http"},
+		{"chain appended", "X-Forwarded-For: 203.0.113.1\r\nX-Forwarded-Proto: https\r\n", "203.0.113.1, 127.0.0.1", "https"},
+		{"lines joined", "X-Forwarded-For: 203.0.113.1\r\nX-Forwarded-For: 198.51.100.2\r\n", "203.0.113.1, 198.51.100.2, 127.0.0.1", "http"},
+		// Named in Connection, the client's chain is hop-by-hop: dropped.
+		{"hop-by-hop chain", "Connection: X-Forwarded-For\r\nX-Forwarded-For: 203.0.113.1\r\n", "127.0.0.1", "http"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			resp, body := fasttest.Raw(t, f.addr, "GET / HTTP/1.1\r\nHost: svc\r\n"+tc.headers+"Connection: close\r\n\r\n")
+			if resp.StatusCode != 200 {
+				t.Fatalf("status %d: %s", resp.StatusCode, body)
+			}
+			got := "\n" + string(body)
+			if want := "\nx-forwarded-for: " + tc.wantFor + "\n"; !strings.Contains(got, want) || strings.Count(got, "x-forwarded-for:") != 1 {
+				t.Errorf("worker did not get one %q:%s", want[1:], got)
+			}
+			if want := "\nx-forwarded-proto: " + tc.wantProto + "\n"; !strings.Contains(got, want) || strings.Count(got, "x-forwarded-proto:") != 1 {
+				t.Errorf("worker did not get one %q:%s", want[1:], got)
+			}
+		})
+	}
+}
+
 // TestContentTypePassedAsSent: a body without a Content-Type reaches the
 // worker without one (fasthttp would add application/octet-stream), and
 // one the client set is kept.
