@@ -231,6 +231,65 @@ func TestBrokenResponses(t *testing.T) {
 	}
 }
 
+// TestFailureBeforeTheStreamedBody: a body that will be streamed fails in
+// Do, not in the stream, when the upstream ends or stalls before its
+// first byte, so that the proxies can still answer for it; one that comes
+// late, or an empty one ended by the close, streams as before.
+func TestFailureBeforeTheStreamedBody(t *testing.T) {
+	tests := []struct {
+		name, head string
+		late       string // sent after a pause, when not empty
+		stall      bool   // neither closes nor sends more
+		kind       Kind   // of Do's error; 0: none
+		body       string
+	}{
+		{"length, closed", "HTTP/1.1 200 OK\r\nContent-Length: 100000\r\n\r\n", "", false, KindUpstream, ""},
+		{"chunked, closed", "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n", "", false, KindUpstream, ""},
+		{"chunked, stalled", "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n", "", true, KindTimeout, ""},
+		{"chunked, late", "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n", "5\r\nlate!\r\n0\r\n\r\n", false, 0, "late!"},
+		{"unframed, empty", "HTTP/1.1 200 OK\r\nConnection: close\r\n\r\n", "", false, 0, ""},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			addr := rawServer(t, func(c net.Conn, br *bufio.Reader) {
+				if readRequestHead(br) != nil {
+					return
+				}
+				io.WriteString(c, tc.head)
+				switch {
+				case tc.stall:
+					io.Copy(io.Discard, br) // until the client closes
+				case tc.late != "":
+					time.Sleep(50 * time.Millisecond) // the head's bytes must be read alone
+					io.WriteString(c, tc.late)
+				}
+			})
+			p := newSet(t, clock.Real{}).Pool("t", Config{Addr: addr})
+			var resp fasthttp.Response
+			fin := newFinish()
+			req := &Request{Header: getRequest(addr, "/"), Deadline: time.Now().Add(300 * time.Millisecond)}
+			streamed, err := p.Do(req, &resp, fin)
+			if KindOf(err) != tc.kind {
+				t.Fatalf("Do: err = %v (kind %v), want kind %v", err, KindOf(err), tc.kind)
+			}
+			if err != nil {
+				if s := p.Stats(); s.Open != 0 || s.Idle != 0 {
+					t.Fatalf("broken connection kept: %+v", s)
+				}
+				return
+			}
+			if !streamed {
+				t.Fatal("not streamed")
+			}
+			body, rerr := io.ReadAll(resp.BodyStream())
+			_ = resp.CloseBodyStream()
+			if ferr := <-fin.done; rerr != nil || ferr != nil || string(body) != tc.body {
+				t.Fatalf("body %q, read error %v, finish %v", body, rerr, ferr)
+			}
+		})
+	}
+}
+
 // TestUpgradeSwitches: an Upgrade request's 101 leaves the connection to
 // the caller, past the exchange's deadline, with what the upstream sent
 // after its 101 first to read; the connection holds its slot in the pool

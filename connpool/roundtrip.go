@@ -106,8 +106,9 @@ var (
 // Do sends req and reads the response head into resp. A body up to
 // InlineBodyMax of known length is read into resp too, and the connection
 // is back in the pool when Do returns (streamed is false). Otherwise resp's
-// body stream is a *Body still holding the connection: it is released, and
-// fin told, when the stream is closed (streamed is true). fin is not used
+// body stream is a *Body still holding the connection, whose first byte
+// has come (awaitBody): it is released, and fin told, when the stream is
+// closed (streamed is true). fin is not used
 // when streamed is false or err is not nil.
 //
 // Do never sends a request twice. An error is an *Error saying which side
@@ -130,6 +131,9 @@ func (p *Pool) Do(req *Request, resp *fasthttp.Response, fin Finisher) (streamed
 		err = p.sendWatching(c, req, resp)
 	} else if err = p.writeRequest(c, req, true); err == nil {
 		err = p.readHead(c, resp, req.Upgrade)
+	}
+	if err == nil && streams(req, resp) {
+		err = p.awaitBody(c, resp.Header.ContentLength())
 	}
 	if req.Abort.detach() {
 		p.discard(c)
@@ -185,6 +189,41 @@ func (p *Pool) Do(req *Request, resp *fasthttp.Response, fin Finisher) (streamed
 		resp.SetBodyStream(newBody(p, c, modeUntilClose, 0, false, fin), -1)
 	}
 	return true, nil
+}
+
+// streams reports whether resp's body may be streamed rather than read
+// whole by Do: one that is longer than InlineBodyMax, chunked, or ends
+// when the upstream closes.
+func streams(req *Request, resp *fasthttp.Response) bool {
+	switch status := resp.Header.StatusCode(); {
+	case status == fasthttp.StatusSwitchingProtocols || status == fasthttp.StatusNoContent ||
+		status == fasthttp.StatusNotModified || req.Header.IsHead():
+		return false
+	}
+	cl := resp.Header.ContentLength()
+	return cl < 0 || cl > InlineBodyMax
+}
+
+// awaitBody waits for the first byte of a body that may be streamed, cl
+// being its Content-Length. A failure before it (the upstream closing
+// after its head, the deadline passing) is still the exchange's error, and
+// the client gets a 502 or 504 for it; once streaming, a failure can only
+// cut the client's connection, since the head has gone. The client waits
+// no longer for this: fasthttp sends the head with the body's first bytes.
+func (p *Pool) awaitBody(c *Conn, cl int) error {
+	if c.br.Buffered() > 0 {
+		return nil
+	}
+	if _, err := c.br.Peek(1); err != nil {
+		if errors.Is(err, io.EOF) {
+			if cl == -2 {
+				return nil // an empty body, ended by the close
+			}
+			err = io.ErrUnexpectedEOF
+		}
+		return wrap(KindUpstream, "read response body from", p.cfg.Addr, err)
+	}
+	return nil
 }
 
 // readChunkedWhole reads a chunked body into resp when it ends within

@@ -86,3 +86,25 @@ func TestRefusalBeforeBody(t *testing.T) {
 			403, "~allow_unlisted")
 	}
 }
+
+// TestHeadOnlyAnswer: an upstream that sends the head of a long answer
+// and then closes before any of its body gets the caller a 502, and, as a
+// failed exchange nothing of which reached the caller, is retried where
+// the target retries.
+func TestHeadOnlyAnswer(t *testing.T) {
+	up := fasttest.StartHeadOnlyUpstream(t)
+	f := start(t, egressPolicy("  allow_unlisted: false", "targets:\n"+target("api", []string{"api.test"}, "http://"+up.Addr, "")+
+		target("retried", []string{"retried.test"}, "http://"+up.Addr, "retry: { count: 1, logic: fixed, delay: 0s, jitter: 0 }")), nil)
+	fasttest.CheckHeadOnlyAnswer(t, f.addr, "GET /long HTTP/1.1\r\nHost: api.test\r\n\r\n")
+	fasttest.CheckHeadOnlyAnswer(t, f.addr, "GET http://api.test/chunked HTTP/1.1\r\nHost: api.test\r\n\r\n")
+	if n := up.Answered.Load(); n != 2 {
+		t.Fatalf("upstream answered %d times, want 2", n)
+	}
+	fasttest.CheckHeadOnlyAnswer(t, f.addr, "GET /long HTTP/1.1\r\nHost: retried.test\r\n\r\n")
+	if n := up.Answered.Load(); n != 4 {
+		t.Errorf("upstream answered %d times, want 4: the retried target's request once more", n)
+	}
+	if n := fasttest.Value(f.gov.Metrics.Requests.WithLabelValues("egress", "api", "502")); n != 2 {
+		t.Errorf("warden_requests_total{egress,api,502} = %v, want 2", n)
+	}
+}

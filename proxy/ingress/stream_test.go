@@ -177,3 +177,16 @@ func TestRefusalBeforeBody(t *testing.T) {
 			429, "~tenant_rate")
 	}
 }
+
+// TestHeadOnlyAnswer: a worker that sends the head of a long answer and
+// then closes before any of its body gets the client a 502, by length
+// and chunked, where the client once saw its connection closed unanswered.
+func TestHeadOnlyAnswer(t *testing.T) {
+	up := fasttest.StartHeadOnlyUpstream(t)
+	f := startAt(t, "", up.Addr)
+	fasttest.CheckHeadOnlyAnswer(t, f.addr, "GET /long HTTP/1.1\r\nHost: svc\r\n\r\n")
+	fasttest.CheckHeadOnlyAnswer(t, f.addr, "GET /chunked HTTP/1.1\r\nHost: svc\r\n\r\n")
+	if n := fasttest.Value(f.gov.Metrics.Requests.WithLabelValues("ingress", "worker", "502")); n != 2 {
+		t.Errorf("warden_requests_total{ingress,worker,502} = %v, want 2", n)
+	}
+}
