@@ -8,6 +8,7 @@ FUZZ     := ./policy:FuzzParse ./governor/bridge:FuzzParseStartup ./governor/bri
             ./scheduler:FuzzParseSubmit ./scheduler:FuzzKeyExpr ./scheduler:FuzzLookupJSON ./scheduler/store:FuzzDecode \
             ./proxy/httpwire:FuzzScanRequestHeaders ./proxy/httpwire:FuzzStripRequest ./proxy/httpwire:FuzzAddDate \
             ./proxy/httpwire:FuzzAuthority ./proxy/httpwire:FuzzSplitAbsoluteForm ./proxy/httpwire:FuzzMaxForwards \
+            ./proxy/httpwire:FuzzForwardedFor \
             ./connpool:FuzzChunkedReader ./internal/jsonstr:FuzzAppend ./proxy/grpcegress:FuzzServiceOf ./scheduler/store/pgstore:FuzzFirstSchema
 
 .PHONY: run build test test-unit fuzz lint vet fmt-check bench-limits bench-proxy bench-scheduler bench-bridge bench-rls clean

@@ -108,8 +108,8 @@ var (
 // is back in the pool when Do returns (streamed is false). Otherwise resp's
 // body stream is a *Body still holding the connection, whose first byte
 // has come (awaitBody): it is released, and fin told, when the stream is
-// closed (streamed is true). fin is not used
-// when streamed is false or err is not nil.
+// closed (streamed is true). fin is not used when streamed is false or err
+// is not nil.
 //
 // Do never sends a request twice. An error is an *Error saying which side
 // failed.

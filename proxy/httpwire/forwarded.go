@@ -1,6 +1,7 @@
 package httpwire
 
 import (
+	"bytes"
 	"net"
 
 	"github.com/valyala/fasthttp"
@@ -53,15 +54,8 @@ func SetForwarded(h *fasthttp.RequestHeader, f Fields, peer net.Addr) {
 // field value to b, each after ", " when b is not empty.
 func appendListMembers(b, v []byte) []byte {
 	for len(v) > 0 {
-		member := v
-		rest := []byte(nil)
-		for i, c := range v {
-			if c == ',' {
-				member, rest = v[:i], v[i+1:]
-				break
-			}
-		}
-		v = rest
+		var member []byte
+		member, v, _ = bytes.Cut(v, comma)
 		if member = trimOWS(member); len(member) == 0 {
 			continue
 		}
@@ -72,3 +66,5 @@ func appendListMembers(b, v []byte) []byte {
 	}
 	return b
 }
+
+var comma = []byte{','}

@@ -79,3 +79,37 @@ func TestSetForwardedNoAllocations(t *testing.T) {
 		t.Errorf("%v allocations a request, want 0", allocs)
 	}
 }
+
+// FuzzForwardedFor: whatever chain a client sends, the worker gets its
+// non-empty members, trimmed, in order, then the peer, on one line.
+func FuzzForwardedFor(f *testing.F) {
+	for _, s := range []string{"", "203.0.113.1", " a , ,b,", ",,,", "2001:db8::1, 10.0.0.1", "\t x\t,y "} {
+		f.Add(s, s)
+	}
+	peer := &net.TCPAddr{IP: net.IPv4(192, 0, 2, 7), Port: 5000}
+	f.Fuzz(func(t *testing.T, first, second string) {
+		var h fasthttp.RequestHeader
+		raw := "GET / HTTP/1.1\r\nHost: svc\r\nX-Forwarded-For: " + first + "\r\nX-Forwarded-For: " + second + "\r\n\r\n"
+		if err := h.Read(bufio.NewReader(strings.NewReader(raw))); err != nil {
+			t.Skip() // not a head fasthttp reads: never reaches SetForwarded
+		}
+		s, err := ScanRequestHeaders(h.RawHeaders(), "")
+		if err != nil {
+			t.Skip() // refused with 400 before forwarding
+		}
+		var want []string
+		for _, v := range h.PeekAll(fasthttp.HeaderXForwardedFor) {
+			for _, m := range strings.Split(string(v), ",") {
+				if m = strings.Trim(m, " \t"); m != "" {
+					want = append(want, m)
+				}
+			}
+		}
+		want = append(want, "192.0.2.7")
+		SetForwarded(&h, s.Fields, peer)
+		got := h.PeekAll(fasthttp.HeaderXForwardedFor)
+		if len(got) != 1 || string(got[0]) != strings.Join(want, ", ") {
+			t.Fatalf("X-Forwarded-For %q, want one line %q", got, strings.Join(want, ", "))
+		}
+	})
+}
