@@ -7,8 +7,9 @@
 // It is built on fasthttp's request and response types rather than on
 // fasthttp.HostClient because a proxy needs what HostClient hides: it never
 // resends a request by itself (warden's retry policy and budget decide every
-// retry), streamed response bodies are handed over with the connection
-// still attached and returned to the pool when the body ends, and an idle
+// retry), streamed response bodies are handed over, once their first byte
+// has come, with the connection still attached and returned to the pool
+// when the body ends, and an idle
 // connection the upstream may have closed is probed before it is reused
 // instead of failing the request that picked it. A long request body is
 // sent while the answer is read, so that an upstream answering before it
