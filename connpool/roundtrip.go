@@ -152,7 +152,7 @@ func (p *Pool) Do(req *Request, resp *fasthttp.Response, fin Finisher) (streamed
 		return false, nil
 	}
 	keepAlive := !resp.Header.ConnectionClose() && !req.Header.ConnectionClose() && !req.BodyCut
-	if req.Header.IsHead() || status == fasthttp.StatusNoContent || status == fasthttp.StatusNotModified {
+	if bodiless(req, status) {
 		resp.SkipBody = req.Header.IsHead()
 		p.release(c, keepAlive)
 		return false, nil
@@ -191,13 +191,18 @@ func (p *Pool) Do(req *Request, resp *fasthttp.Response, fin Finisher) (streamed
 	return true, nil
 }
 
+// bodiless reports whether the response to req with status has no body
+// to read, whatever its head says.
+func bodiless(req *Request, status int) bool {
+	return req.Header.IsHead() || status == fasthttp.StatusNoContent || status == fasthttp.StatusNotModified
+}
+
 // streams reports whether resp's body may be streamed rather than read
 // whole by Do: one that is longer than InlineBodyMax, chunked, or ends
 // when the upstream closes.
 func streams(req *Request, resp *fasthttp.Response) bool {
-	switch status := resp.Header.StatusCode(); {
-	case status == fasthttp.StatusSwitchingProtocols || status == fasthttp.StatusNoContent ||
-		status == fasthttp.StatusNotModified || req.Header.IsHead():
+	status := resp.Header.StatusCode()
+	if status == fasthttp.StatusSwitchingProtocols || bodiless(req, status) {
 		return false
 	}
 	cl := resp.Header.ContentLength()
@@ -205,25 +210,21 @@ func streams(req *Request, resp *fasthttp.Response) bool {
 }
 
 // awaitBody waits for the first byte of a body that may be streamed, cl
-// being its Content-Length. A failure before it (the upstream closing
-// after its head, the deadline passing) is still the exchange's error, and
-// the client gets a 502 or 504 for it; once streaming, a failure can only
-// cut the client's connection, since the head has gone. The client waits
-// no longer for this: fasthttp sends the head with the body's first bytes.
+// being its Content-Length; one already read with the head costs nothing.
+// A failure before it (the upstream closing after its head, the deadline
+// passing) is still the exchange's error, and the client gets a 502 or
+// 504 for it; once streaming, a failure can only cut the client's
+// connection, since the head has gone. The client waits no longer for
+// this: fasthttp sends the head with the body's first bytes.
 func (p *Pool) awaitBody(c *Conn, cl int) error {
-	if c.br.Buffered() > 0 {
-		return nil
+	_, err := c.br.Peek(1)
+	if err == nil || cl == -2 && errors.Is(err, io.EOF) {
+		return nil // an unframed body may be empty, ended by the close
 	}
-	if _, err := c.br.Peek(1); err != nil {
-		if errors.Is(err, io.EOF) {
-			if cl == -2 {
-				return nil // an empty body, ended by the close
-			}
-			err = io.ErrUnexpectedEOF
-		}
-		return wrap(KindUpstream, "read response body from", p.cfg.Addr, err)
+	if errors.Is(err, io.EOF) {
+		err = io.ErrUnexpectedEOF
 	}
-	return nil
+	return wrap(KindUpstream, "read response body from", p.cfg.Addr, err)
 }
 
 // readChunkedWhole reads a chunked body into resp when it ends within

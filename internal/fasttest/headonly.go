@@ -25,22 +25,12 @@ type HeadOnlyUpstream struct {
 func StartHeadOnlyUpstream(t testing.TB) *HeadOnlyUpstream {
 	u := &HeadOnlyUpstream{}
 	u.Addr = loopback.Serve(t, func(c net.Conn) {
-		br := bufio.NewReader(c)
-		line, err := br.ReadString('\n')
+		req, err := http.ReadRequest(bufio.NewReader(c))
 		if err != nil {
 			return
 		}
-		for {
-			l, err := br.ReadString('\n')
-			if err != nil {
-				return
-			}
-			if l == "\r\n" {
-				break
-			}
-		}
 		head := "HTTP/1.1 200 OK\r\nContent-Length: 1048576\r\n\r\n"
-		if strings.Contains(line, "/chunked ") {
+		if strings.HasSuffix(req.URL.Path, "/chunked") {
 			head = "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
 		}
 		u.Answered.Add(1)

@@ -36,14 +36,12 @@ func SetForwarded(h *fasthttp.RequestHeader, f Fields, peer net.Addr) {
 		}
 		b = tcp.AddrPort().Addr().Unmap().AppendTo(b)
 	}
-	if lines > 1 {
-		// Set would replace only the first of them.
+	if lines > 1 || lines == 1 && len(b) == 0 {
+		// Set would replace only the first of several lines.
 		h.Del(fasthttp.HeaderXForwardedFor)
 	}
 	if len(b) > 0 {
 		h.SetBytesV(fasthttp.HeaderXForwardedFor, b)
-	} else if lines > 0 {
-		h.Del(fasthttp.HeaderXForwardedFor)
 	}
 	if f&HasForwardedProto == 0 {
 		h.Set(fasthttp.HeaderXForwardedProto, "http")
