@@ -195,6 +195,10 @@ func TestEgressRefusesSmugglingAndLoops(t *testing.T) {
 		"GET / HTTP/1.1\r\nHost: localhost:" + f.addr[strings.LastIndexByte(f.addr, ':')+1:] + "\r\n\r\n",
 		"GET ftp://x/ HTTP/1.1\r\nHost: x\r\n\r\n",
 		"GET / HTTP/1.1\r\nHost: bad host\r\n\r\n",
+		// Userinfo is refused, not passed on or routed by (RFC 9110 §4.2.4).
+		"GET http://user:pw@" + up.Addr + "/ HTTP/1.1\r\nHost: " + up.Addr + "\r\n\r\n",
+		"GET / HTTP/1.1\r\nHost: user@" + up.Addr + "\r\n\r\n",
+		"CONNECT user@" + up.Addr + " HTTP/1.1\r\nHost: " + up.Addr + "\r\n\r\n",
 	} {
 		resp, body := fasttest.Raw(t, f.addr, raw)
 		if resp.StatusCode != 400 {

@@ -223,6 +223,13 @@ func TestAbsoluteFormBecomesOriginForm(t *testing.T) {
 	if string(body) != "/?x" {
 		t.Fatalf("worker saw %q", body)
 	}
+	// The request-target's authority wins over a differing Host (RFC 9112
+	// §3.2.2), so the worker and warden's checks see one host.
+	f = start(t, "", func(ctx *fasthttp.RequestCtx) { ctx.Write(ctx.Request.Header.Host()) })
+	_, body = fasttest.Raw(t, f.addr, "GET http://svc/a HTTP/1.1\r\nHost: other\r\n\r\n")
+	if string(body) != "svc" {
+		t.Fatalf("worker saw Host %q, want the request-target's", body)
+	}
 }
 
 func TestTenantCap(t *testing.T) {
