@@ -142,6 +142,12 @@ func TestConnectTunnel(t *testing.T) {
 			t.Fatalf("%q, want %q", b, want)
 		}
 	}
+	// The 200 is warden's own, so it carries warden's Date.
+	addr := srv.Listener.Addr().String()
+	head := fasttest.RawHead(t, f.addr, "CONNECT "+addr+" HTTP/1.1\r\nHost: "+addr+"\r\n\r\n")
+	if want := "HTTP/1.1 200 Connection Established\r\nDate: " + f.clk.Now().UTC().Format(http.TimeFormat) + "\r\n"; head != want {
+		t.Fatalf("CONNECT answered %q, want %q", head, want)
+	}
 	// A CONNECT that cannot dial is a 502 counted against the target.
 	dead := loopback.FreeAddr(t)
 	resp, body := fasttest.Raw(t, f.addr, "CONNECT "+dead+" HTTP/1.1\r\nHost: "+dead+"\r\n\r\n")

@@ -117,14 +117,21 @@ type tunnel struct {
 	sp    *splice.Tunnel
 }
 
-var established = []byte("HTTP/1.1 200 Connection Established\r\n\r\n")
+// established is the tunnel's 200 as of now: warden originates it, so it
+// carries a Date as RFC 9110 §6.6.1 asks (Envoy's does too).
+func established(now time.Time) []byte {
+	b := make([]byte, 0, 96)
+	b = append(b, "HTTP/1.1 200 Connection Established\r\nDate: "...)
+	b = fasthttp.AppendHTTPDate(b, now)
+	return append(b, "\r\n\r\n"...)
+}
 
 // run pumps bytes both ways until either side is done, then closes both;
 // the pool slot is held until then.
 func (t *tunnel) run(client net.Conn) {
 	defer t.e.tunnels.Remove(t.sp)
 	defer t.adm.Release()
-	t.sp.Run(client, established)
+	t.sp.Run(client, established(t.e.opts.Clock.Now()))
 }
 
 // switchProtocols passes on the upstream's 101 Switching Protocols to a
