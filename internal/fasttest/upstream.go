@@ -12,6 +12,8 @@ import (
 	"time"
 
 	"github.com/valyala/fasthttp"
+
+	"github.com/warden-dev/warden/governor/clock"
 )
 
 // Upstream is a fasthttp server on loopback that counts what reaches it:
@@ -158,3 +160,15 @@ func WaitFor(t testing.TB, what string, cond func() bool) {
 type quiet struct{}
 
 func (quiet) Printf(string, ...any) {}
+
+// WaitArmed waits for a retry's timer, due delay from now on clk, and then
+// checks that attempts() is want: no attempt went before the delay passed.
+// Counting timers could not tell it apart: other timers (a janitor's, a
+// client watch's) may be armed throughout.
+func WaitArmed(t testing.TB, clk *clock.Fake, delay time.Duration, attempts func() int64, want int64) {
+	t.Helper()
+	WaitFor(t, "retry timer", func() bool { return clk.ArmedFor(delay) })
+	if n := attempts(); n != want {
+		t.Fatalf("%d attempts before the delay passed, want %d", n, want)
+	}
+}

@@ -154,16 +154,12 @@ func TestRetryBudget(t *testing.T) {
 func TestRetryDelayUsesClock(t *testing.T) {
 	f, up := retryFixture(t, "retry: { count: 2, logic: exponential_backoff, delay: 10s, scale: 2, jitter: 0 }\ntimeout: 5m", always(503, ""))
 	done := f.goDo("GET", "http://api.test/", nil)
-	// waitArmed waits for the retry's timer, due delay from now. Counting
-	// timers could not tell it apart: the janitor's is always armed, and
-	// the client watch of the first delay stays armed through the second
-	// (the flake seen once in CI).
+	// The retry's timer, due delay from now (the client watch of the
+	// first delay stays armed through the second: the flake seen once in
+	// CI when timers were counted).
 	waitArmed := func(delay time.Duration, want int64) {
 		t.Helper()
-		fasttest.WaitFor(t, "retry timer", func() bool { return f.clk.ArmedFor(delay) })
-		if n := up.Requests.Load(); n != want {
-			t.Fatalf("%d attempts before the delay passed, want %d", n, want)
-		}
+		fasttest.WaitArmed(t, f.clk, delay, up.Requests.Load, want)
 	}
 	waitArmed(10*time.Second, 1)
 	f.clk.Advance(10 * time.Second)

@@ -39,10 +39,12 @@ func (rawCodec) Unmarshal(data []byte, v any) error {
 func (rawCodec) Name() string { return "raw" }
 
 // echo is the test service test.v1.Echo: Echo answers "echo:<in>", or the
-// status "fail:<code>" asks for, or waits for "block" to be released;
+// status "fail:<code>" asks for, or UNAVAILABLE to the first n calls of
+// "flaky:<n>", or waits for "block" to be released;
 // Stream sends as many messages as its input says.
 type echo struct {
 	calls   atomic.Int64
+	flaky   atomic.Int64                // calls "flaky:<n>" has made
 	md      atomic.Pointer[metadata.MD] // the last unary call's
 	release chan struct{}
 	entered chan struct{}
@@ -105,9 +107,13 @@ func (e *echo) unary(ctx context.Context, in string) (*[]byte, error) {
 	e.calls.Add(1)
 	md, _ := metadata.FromIncomingContext(ctx)
 	e.md.Store(&md)
+	if c, ok := strings.CutPrefix(in, "flaky:"); ok {
+		if e.flaky.Add(1) <= int64(leadingInt(c)) {
+			return nil, status.Error(codes.Unavailable, "flaky: not yet")
+		}
+	}
 	if c, ok := strings.CutPrefix(in, "fail:"); ok {
-		n, _ := strconv.Atoi(c)
-		return nil, status.Error(codes.Code(n), "asked to fail")
+		return nil, status.Error(codes.Code(leadingInt(c)), "asked to fail: "+in)
 	}
 	if in == "block" {
 		e.entered <- struct{}{}
@@ -120,6 +126,15 @@ func (e *echo) unary(ctx context.Context, in string) (*[]byte, error) {
 	_ = grpc.SetTrailer(ctx, metadata.Pairs("x-echo-trailer", "kept"))
 	out := []byte("echo:" + in)
 	return &out, nil
+}
+
+// leadingInt is the number s begins with (0 if none).
+func leadingInt(s string) int {
+	n := 0
+	for i := 0; i < len(s) && s[i] >= '0' && s[i] <= '9'; i++ {
+		n = n*10 + int(s[i]-'0')
+	}
+	return n
 }
 
 func startEcho(t *testing.T, opts ...grpc.ServerOption) (*echo, string) {

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/warden-dev/warden/governor/breaker"
+	"github.com/warden-dev/warden/governor/retry"
 	"github.com/warden-dev/warden/proxy/admit"
 	"github.com/warden-dev/warden/proxy/respond"
 )
@@ -117,15 +118,70 @@ func (g *Grpc) serve(w http.ResponseWriter, r *http.Request) {
 		rt.Stats.DoneGRPC(codeCancelled, start)
 		return
 	}
-	code, outcome := g.forward(ctx, w, r, rt, start)
-	adm.Ticket.Done(outcome)
+	code := g.exchange(ctx, w, r, rt, adm.Ticket, start)
 	adm.Release()
 	rt.Stats.DoneGRPC(code, start)
 }
 
-// forward proxies one call within ctx (the call's, bounded by the
-// target's timeout) and returns its grpc-status and the breaker outcome.
-func (g *Grpc) forward(ctx context.Context, w http.ResponseWriter, r *http.Request, rt *route, start time.Time) (int, breaker.Outcome) {
+// exchange sends an admitted call within ctx (the call's, bounded by the
+// target's timeout) and returns its grpc-status. ticket is the first
+// attempt's breaker ticket; each attempt's ticket is done here.
+//
+// A failed attempt of which the client has seen nothing is retried as the
+// target's retry policy and budget allow, if the call may be sent twice:
+// every gRPC call is a POST, so only one carrying an idempotency-key (SPEC
+// §4). Envoy's gRPC retries likewise follow only a Trailers-Only failure
+// or a broken exchange; once an answer's headers are on their way to the
+// client, its failure is the client's to see.
+func (g *Grpc) exchange(ctx context.Context, w http.ResponseWriter, r *http.Request, rt *route, ticket breaker.Ticket, start time.Time) int {
+	retryable := rt.Retry != nil && r.Header.Get("Idempotency-Key") != ""
+	if rt.Retry != nil {
+		rt.Retry.RecordExecution()
+	}
+	var body *replayReader
+	var getBody func() (io.ReadCloser, error)
+	if r.Body != nil && r.Body != http.NoBody {
+		// A stream the upstream refused unprocessed is sent again by the
+		// transport, and a retried call by warden; both need the body
+		// from its start (replay.go).
+		limit := replayMax
+		if retryable {
+			limit = retryMax
+		}
+		body, getBody = newReplayBody(r.Body, limit)
+	}
+	var next io.ReadCloser // not body itself, a nil *replayReader when there is none
+	if body != nil {
+		next = body
+	}
+	for attempt := 1; ; attempt++ {
+		resp, err := rt.transport.RoundTrip(outbound(ctx, r, rt, next, getBody))
+		if retryable {
+			if reason := failureBeforeAnswer(ctx, r, resp, err, start); reason != "" {
+				ticket.Done(breaker.Failure)
+				var again bool
+				var refused string
+				ticket, next, again, refused = g.retry(ctx, rt, attempt, reason, body)
+				if again {
+					if err == nil {
+						resp.Body.Close()
+					}
+					continue
+				}
+				// The failure goes to the client as it came; its outcome
+				// was told to the breaker above.
+				code, _ := g.relay(ctx, w, r, rt, resp, err, start, refused)
+				return code
+			}
+		}
+		code, outcome := g.relay(ctx, w, r, rt, resp, err, start, "")
+		ticket.Done(outcome)
+		return code
+	}
+}
+
+// outbound is the upstream's request for one attempt of the call r.
+func outbound(ctx context.Context, r *http.Request, rt *route, body io.ReadCloser, getBody func() (io.ReadCloser, error)) *http.Request {
 	host := rt.host
 	if host == "" {
 		host = r.Host
@@ -143,24 +199,108 @@ func (g *Grpc) forward(ctx context.Context, w http.ResponseWriter, r *http.Reque
 	if rt.host != "" {
 		out.Host = rt.host
 	}
-	if r.Body != nil && r.Body != http.NoBody {
-		// A stream the upstream refused unprocessed is sent again by the
-		// transport, which needs the body from its start (replay.go).
-		out.Body, out.GetBody = newReplayBody(r.Body)
+	if body != nil {
+		out.Body, out.GetBody = body, getBody
 	}
-	out = out.WithContext(ctx)
-	resp, err := rt.transport.RoundTrip(out)
+	return out.WithContext(ctx)
+}
+
+// failureBeforeAnswer describes a failed attempt of which the client has
+// seen nothing, for a retry and its non_retryable entries: an exchange
+// that broke (not by the client, the call's deadline or the target's
+// timeout, which are not retried), or an answer that is only a failing
+// status (Trailers-Only; DEADLINE_EXCEEDED is a timeout), or an HTTP error
+// without one. "" for anything else.
+func failureBeforeAnswer(ctx context.Context, r *http.Request, resp *http.Response, err error, start time.Time) string {
 	if err != nil {
-		return g.failed(w, r, ctx, rt, err, false, start)
+		if ctx.Err() != nil || deadlinePassed(r.Header.Get("Grpc-Timeout"), start, time.Now()) {
+			return ""
+		}
+		return err.Error()
+	}
+	if s := resp.Header.Get("Grpc-Status"); s != "" {
+		code, err := strconv.Atoi(s)
+		if err != nil || code == codeDeadlineExceeded || breaker.ClassifyGRPC(code) != breaker.Failure {
+			return ""
+		}
+		return "grpc-status " + s + " " + codeName(code) + "\n" + decodeMessage(resp.Header.Get("Grpc-Message"))
+	}
+	if resp.StatusCode != http.StatusOK {
+		return resp.Proto + " " + resp.Status
+	}
+	return ""
+}
+
+// retry decides whether to retry after failed attempt number attempt
+// (1-based), waits the policy's delay on the clock, and passes the breaker
+// again, returning the retry's ticket and body. refused names the control
+// that stopped the retries when the client must be told (retry_budget); a
+// breaker that opened meanwhile ends them too, and the failure stands for
+// itself.
+func (g *Grpc) retry(ctx context.Context, rt *route, attempt int, reason string, body *replayReader) (ticket breaker.Ticket, next io.ReadCloser, again bool, refused string) {
+	if body != nil && !body.resendable() {
+		return breaker.Ticket{}, nil, false, "" // more than retryMax has gone out
+	}
+	// Checked before ShouldRetry, which charges the budget with a retry
+	// that must then be made.
+	d := rt.Retry.Delay(attempt, nil)
+	if dl, ok := ctx.Deadline(); ok && time.Until(dl) <= d {
+		return breaker.Ticket{}, nil, false, "" // it could not finish within the timeout
+	}
+	ok, control := rt.Retry.ShouldRetry(attempt, reason)
+	if !ok {
+		if control == retry.ControlBudget {
+			refused = control
+		}
+		return breaker.Ticket{}, nil, false, refused
+	}
+	if d > 0 {
+		t := g.opts.Clock.NewTimer(d)
+		defer t.Stop()
+		select {
+		case <-t.C():
+		case <-ctx.Done():
+			return breaker.Ticket{}, nil, false, "" // the client left, or the timeout passed
+		}
+	}
+	ticket, _, ok = rt.Breaker.Allow()
+	if !ok {
+		return breaker.Ticket{}, nil, false, ""
+	}
+	if body != nil {
+		b, err := body.b.next()
+		if err != nil {
+			// The abandoned attempt read on past the limit meanwhile.
+			ticket.Done(breaker.Neutral)
+			return breaker.Ticket{}, nil, false, ""
+		}
+		next = b
+	}
+	rt.Stats.Retry()
+	return ticket, next, true, ""
+}
+
+// relay passes an attempt's answer (or its failure, err) on to the client
+// and returns the call's grpc-status and the breaker outcome. mark names a
+// control that ended the retries (retry_budget) for the client to see.
+func (g *Grpc) relay(ctx context.Context, w http.ResponseWriter, r *http.Request, rt *route, resp *http.Response, err error, start time.Time, mark string) (int, breaker.Outcome) {
+	if err != nil {
+		return g.failed(w, r, ctx, rt, err, false, start, mark)
 	}
 	defer resp.Body.Close()
 	h := w.Header()
 	for k, vv := range cleanHeader(resp.Header) {
 		h[k] = vv
 	}
+	if mark != "" {
+		// Only a failure before any answer is marked: a Trailers-Only
+		// response, whose headers are its trailers.
+		h.Set(respond.HeaderControl, mark)
+		rt.Stats.Reject(mark, rt.Name)
+	}
 	w.WriteHeader(resp.StatusCode)
 	if err := copyFlushing(w, resp.Body); err != nil {
-		return g.failed(w, r, ctx, rt, err, true, start)
+		return g.failed(w, r, ctx, rt, err, true, start, "")
 	}
 	for k, vv := range resp.Trailer {
 		h[http.TrailerPrefix+k] = vv
@@ -184,7 +324,8 @@ func (g *Grpc) forward(ctx context.Context, w http.ResponseWriter, r *http.Reque
 // failed ends a call whose exchange broke: before the response started, as
 // a Trailers-Only response; after, with trailers. A call the client
 // cancelled is neutral for the breaker.
-func (g *Grpc) failed(w http.ResponseWriter, r *http.Request, ctx context.Context, rt *route, err error, started bool, start time.Time) (int, breaker.Outcome) {
+// A control in mark (retry_budget) is named in place of upstream.
+func (g *Grpc) failed(w http.ResponseWriter, r *http.Request, ctx context.Context, rt *route, err error, started bool, start time.Time, mark string) (int, breaker.Outcome) {
 	if r.Context().Err() != nil {
 		return codeCancelled, breaker.Neutral
 	}
@@ -199,6 +340,9 @@ func (g *Grpc) failed(w http.ResponseWriter, r *http.Request, ctx context.Contex
 	code, control := codeUnavailable, respond.ControlUpstream
 	if errors.Is(ctx.Err(), context.DeadlineExceeded) {
 		code, control = codeDeadlineExceeded, respond.ControlTimeout
+	}
+	if mark != "" {
+		control = mark
 	}
 	rt.Stats.Reject(control, rt.Name)
 	endCall(w, started, code, "upstream "+rt.Name+": "+err.Error(), control)
@@ -278,6 +422,30 @@ func copyFlushing(w http.ResponseWriter, body io.Reader) error {
 			return err
 		}
 	}
+}
+
+// codeNames are the gRPC status codes' names, for a failure's reason.
+var codeNames = [...]string{"OK", "CANCELLED", "UNKNOWN", "INVALID_ARGUMENT", "DEADLINE_EXCEEDED", "NOT_FOUND",
+	"ALREADY_EXISTS", "PERMISSION_DENIED", "RESOURCE_EXHAUSTED", "FAILED_PRECONDITION", "ABORTED", "OUT_OF_RANGE",
+	"UNIMPLEMENTED", "INTERNAL", "UNAVAILABLE", "DATA_LOSS", "UNAUTHENTICATED"}
+
+func codeName(code int) string {
+	if code >= 0 && code < len(codeNames) {
+		return codeNames[code]
+	}
+	return "CODE_" + strconv.Itoa(code)
+}
+
+// decodeMessage undoes a grpc-message's percent-encoding; a value that is
+// not validly encoded is kept as it came.
+func decodeMessage(msg string) string {
+	if !strings.Contains(msg, "%") {
+		return msg
+	}
+	if d, err := url.PathUnescape(msg); err == nil {
+		return d
+	}
+	return msg
 }
 
 // encodeMessage percent-encodes a grpc-message value as the gRPC spec asks

@@ -7,13 +7,17 @@ import (
 	"sync"
 )
 
-// replayMax is how much of a call's request body is kept so that it can be
-// sent again. Unary calls and the opening messages of streams fit; a call
-// that has sent more than this is no longer resent.
+// replayMax is how much of a call's request body is kept so that the
+// transport can send it again. Unary calls and the opening messages of
+// streams fit; a call that has sent more than this is no longer resent.
 const replayMax = 64 << 10
 
+// retryMax is what is kept of a call warden may retry, as the HTTP egress
+// keeps a retried request's body (egress.RetryBodyMax).
+const retryMax = 1 << 20
+
 var (
-	errReplayTooLong = errors.New("request body past 64 KiB already sent: not resent")
+	errReplayTooLong = errors.New("request body past what is kept for a resend already sent: not resent")
 	errReplaced      = errors.New("request body handed to a resent attempt")
 )
 
@@ -24,29 +28,38 @@ var (
 // allows fewer is partly refused; the transport resends such requests only
 // when GetBody gives the body again from its start.
 //
-// Everything read from the caller's body is recorded up to replayMax; each
+// Everything read from the caller's body is recorded up to limit; each
 // GetBody starts a reader at the beginning of the record, and the reader
 // before it stops. Reads of the caller's body go through one lock, so the
 // attempt abandoned by the transport and its successor never read it at
 // once, and what the abandoned one was waiting for is recorded for the
 // successor.
 type replayBody struct {
-	src io.ReadCloser
-	rd  sync.Mutex // serialises reads of src
+	src   io.ReadCloser
+	limit int        // most bytes recorded
+	rd    sync.Mutex // serialises reads of src
 
 	mu   sync.Mutex
 	rec  []byte
 	pos  int   // the current reader's place in rec
-	over bool  // more than replayMax was read: no resending
+	over bool  // more than limit was read: no resending
 	err  error // src's final error (io.EOF at its end)
 	gen  int   // the current reader
 }
 
 // newReplayBody returns the body for the first attempt and a GetBody for
-// the transport.
-func newReplayBody(src io.ReadCloser) (io.ReadCloser, func() (io.ReadCloser, error)) {
-	b := &replayBody{src: src}
+// the transport, which warden's retries call too; limit bytes are kept.
+func newReplayBody(src io.ReadCloser, limit int) (*replayReader, func() (io.ReadCloser, error)) {
+	b := &replayBody{src: src, limit: limit}
 	return &replayReader{b: b}, b.next
+}
+
+// resendable reports whether the body can still be given again from its
+// start.
+func (r *replayReader) resendable() bool {
+	r.b.mu.Lock()
+	defer r.b.mu.Unlock()
+	return !r.b.over
 }
 
 func (b *replayBody) next() (io.ReadCloser, error) {
@@ -125,7 +138,7 @@ func (b *replayBody) fill(want int) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	b.rec = b.rec[:len(b.rec)+n]
-	if len(b.rec) > replayMax {
+	if len(b.rec) > b.limit {
 		// Too long to resend: only what the current reader has not read
 		// yet is kept.
 		b.over = true

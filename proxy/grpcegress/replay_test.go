@@ -26,7 +26,7 @@ func TestReplayBody(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			// HalfReader: the caller's body arrives in pieces.
-			first, getBody := newReplayBody(io.NopCloser(iotest.HalfReader(bytes.NewReader(tt.body))))
+			first, getBody := newReplayBody(io.NopCloser(iotest.HalfReader(bytes.NewReader(tt.body))), replayMax)
 			got, err := io.ReadAll(io.LimitReader(first, int64(tt.readBefore)))
 			if err != nil || !bytes.Equal(got, tt.body[:tt.readBefore]) {
 				t.Fatalf("first attempt read %d bytes, %v", len(got), err)
@@ -61,7 +61,7 @@ func TestReplayBody(t *testing.T) {
 // A read error of the caller's body reaches every attempt.
 func TestReplayBodyError(t *testing.T) {
 	boom := errors.New("client reset")
-	first, getBody := newReplayBody(io.NopCloser(io.MultiReader(bytes.NewReader([]byte("head")), iotest.ErrReader(boom))))
+	first, getBody := newReplayBody(io.NopCloser(io.MultiReader(bytes.NewReader([]byte("head")), iotest.ErrReader(boom))), replayMax)
 	if got, err := io.ReadAll(first); !errors.Is(err, boom) || string(got) != "head" {
 		t.Fatalf("%q %v", got, err)
 	}

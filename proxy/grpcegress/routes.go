@@ -98,7 +98,7 @@ func (g *Grpc) build(c *governor.Controls) (*table, error) {
 
 func (g *Grpc) route(pt policy.Target, gt *governor.Target, tb *table) (*route, error) {
 	r := &route{
-		Target: admit.Target{Name: pt.Name, Breaker: gt.Breaker, Pools: gt.Pools, Timeout: pt.Timeout, Stats: g.stats.Target(pt.Name)},
+		Target: admit.Target{Name: pt.Name, Breaker: gt.Breaker, Retry: gt.Retry, Pools: gt.Pools, Timeout: pt.Timeout, Stats: g.stats.Target(pt.Name)},
 		scheme: "http",
 	}
 	var tlsConf *tls.Config

@@ -1,0 +1,153 @@
+package grpcegress
+
+import (
+	"bytes"
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
+
+	"github.com/warden-dev/warden/internal/fasttest"
+	"github.com/warden-dev/warden/internal/loopback"
+)
+
+const grpcRetry = "retry: { count: 2, logic: fixed, delay: 0s, budget: 1, non_retryable: [do not retry] }"
+
+func keyed(key string) context.Context {
+	return metadata.AppendToOutgoingContext(context.Background(), "idempotency-key", key)
+}
+
+// TestRetries: a failure the client has seen nothing of is retried when
+// the call carries an idempotency-key, as the policy says, and never past
+// it.
+func TestRetries(t *testing.T) {
+	tests := []struct {
+		name      string
+		ctx       context.Context
+		in        string
+		want      codes.Code
+		calls     int64 // reaching the upstream
+		retries   float64
+		bodyBytes int // padding to the request
+	}{
+		{"recovers", keyed("k1"), "flaky:2", codes.OK, 3, 2, 0},
+		{"gives up after count", keyed("k2"), "flaky:5", codes.Unavailable, 3, 2, 0},
+		{"without a key, once", context.Background(), "flaky:1", codes.Unavailable, 1, 0, 0},
+		{"not a failure", keyed("k3"), "fail:3", codes.InvalidArgument, 1, 0, 0},
+		{"a timeout the upstream reports", keyed("k4"), "fail:4", codes.DeadlineExceeded, 1, 0, 0},
+		{"non_retryable", keyed("k5"), "fail:13:do not retry", codes.Internal, 1, 0, 0},
+		{"a body past 1 MiB", keyed("k6"), "flaky:1", codes.Unavailable, 1, 0, 1<<20 + 1},
+		{"a body within 1 MiB", keyed("k7"), "flaky:1", codes.OK, 2, 1, 1 << 19},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			e, addr := startEcho(t, grpc.MaxRecvMsgSize(4<<20))
+			f := start(t, grpcPolicy("  allow_unlisted: false", echoTarget(addr, grpcRetry)))
+			in := tt.in
+			if tt.bodyBytes > 0 {
+				in += "|" + strings.Repeat("x", tt.bodyBytes)
+			}
+			out, err := f.call(tt.ctx, in)
+			if status.Code(err) != tt.want {
+				t.Fatalf("status %v, want %v", err, tt.want)
+			}
+			if tt.want == codes.OK && out != "echo:"+in {
+				t.Fatalf("answer %.40q", out)
+			}
+			if n := e.calls.Load(); n != tt.calls {
+				t.Fatalf("upstream saw %d calls, want %d", n, tt.calls)
+			}
+			if n := fasttest.Value(f.gov.Metrics.Retries.WithLabelValues("echo")); n != tt.retries {
+				t.Fatalf("warden_retries_total{echo} = %v, want %v", n, tt.retries)
+			}
+		})
+	}
+}
+
+// TestRetryBudget: once retries pass the budget's share of executions, a
+// failure goes to the client with x-warden-control: retry_budget.
+func TestRetryBudget(t *testing.T) {
+	e, addr := startEcho(t)
+	f := start(t, grpcPolicy("  allow_unlisted: false", echoTarget(addr, "retry: { count: 5, logic: fixed, delay: 0s, budget: 0.1 }")))
+	for range 20 { // the budget counts from 20 executions
+		if _, err := f.call(context.Background(), "hi"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// 21 executions: retries while retries/executions < 0.1, each a new
+	// execution too: 0/21, 1/22, 2/23 pass, 3/24 does not.
+	var trailer metadata.MD
+	_, err := f.call(keyed("b"), "fail:14", grpc.Trailer(&trailer))
+	if status.Code(err) != codes.Unavailable || strings.Join(trailer.Get("x-warden-control"), ",") != "retry_budget" {
+		t.Fatalf("%v, trailer %v", err, trailer)
+	}
+	if n := e.calls.Load(); n != 20+4 {
+		t.Fatalf("upstream saw %d calls, want 24", n)
+	}
+	if n := fasttest.Value(f.gov.Metrics.Rejections.WithLabelValues("retry_budget", "echo")); n != 1 {
+		t.Fatalf("rejections{retry_budget,echo} = %v", n)
+	}
+}
+
+// A call whose exchange broke (nothing listening) is retried, and the
+// breaker hears each attempt: three failures open it at minimum_requests 3.
+func TestRetryAfterConnectionFailure(t *testing.T) {
+	dead := loopback.FreeAddr(t)
+	f := start(t, grpcPolicy("  allow_unlisted: false", echoTarget(dead, grpcRetry+
+		"\ncircuit_breaker: { enabled: true, failure_ratio: 1, minimum_requests: 3 }")))
+	var trailer metadata.MD
+	_, err := f.call(keyed("c"), "hi", grpc.Trailer(&trailer))
+	if status.Code(err) != codes.Unavailable || strings.Join(trailer.Get("x-warden-control"), ",") != "upstream" {
+		t.Fatalf("%v, trailer %v", err, trailer)
+	}
+	if n := fasttest.Value(f.gov.Metrics.Retries.WithLabelValues("echo")); n != 2 {
+		t.Fatalf("warden_retries_total{echo} = %v, want 2", n)
+	}
+	trailer = nil
+	_, err = f.call(keyed("c2"), "hi", grpc.Trailer(&trailer))
+	if status.Code(err) != codes.Unavailable || strings.Join(trailer.Get("x-warden-control"), ",") != "circuit_breaker" {
+		t.Fatalf("after three failed attempts: %v, trailer %v", err, trailer)
+	}
+}
+
+// A retried call's body goes again whole, from its start.
+func TestRetryResendsTheBody(t *testing.T) {
+	e, addr := startEcho(t, grpc.MaxRecvMsgSize(4<<20))
+	f := start(t, grpcPolicy("  allow_unlisted: false", echoTarget(addr, grpcRetry)))
+	in := "flaky:1|" + string(bytes.Repeat([]byte("0123456789"), 30000))
+	out, err := f.call(keyed("d"), in)
+	if err != nil || out != "echo:"+in {
+		t.Fatalf("%.40q %v", out, err)
+	}
+	if e.calls.Load() != 2 {
+		t.Fatalf("upstream saw %d calls", e.calls.Load())
+	}
+}
+
+// The delay before a retry is waited on warden's clock.
+func TestRetryDelayUsesClock(t *testing.T) {
+	e, addr := startEcho(t)
+	f := start(t, grpcPolicy("  allow_unlisted: false", echoTarget(addr,
+		"retry: { count: 2, logic: exponential_backoff, delay: 10s, scale: 2, jitter: 0, budget: 1 }\ntimeout: 5m")))
+	done := make(chan error, 1)
+	go func() {
+		_, err := f.call(keyed("t"), "flaky:2")
+		done <- err
+	}()
+	waitArmed := func(delay time.Duration, want int64) {
+		t.Helper()
+		fasttest.WaitArmed(t, f.clk, delay, e.calls.Load, want)
+	}
+	waitArmed(10*time.Second, 1)
+	f.clk.Advance(10 * time.Second)
+	waitArmed(20*time.Second, 2) // 20 s the second time
+	f.clk.Advance(20 * time.Second)
+	if err := <-done; err != nil || e.calls.Load() != 3 {
+		t.Fatalf("%v after %d attempts", err, e.calls.Load())
+	}
+}
