@@ -3,7 +3,11 @@ package grpcegress
 import (
 	"bytes"
 	"context"
+	"io"
+	"net"
+	"net/http"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -149,5 +153,71 @@ func TestRetryDelayUsesClock(t *testing.T) {
 	f.clk.Advance(20 * time.Second)
 	if err := <-done; err != nil || e.calls.Load() != 3 {
 		t.Fatalf("%v after %d attempts", err, e.calls.Load())
+	}
+}
+
+// startScripted serves h2c calls from steps, the nth call by the nth step
+// (the last repeats), and counts the calls.
+func startScripted(t *testing.T, steps ...http.HandlerFunc) (string, *atomic.Int64) {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	calls := new(atomic.Int64)
+	srv := &http.Server{Protocols: new(http.Protocols), Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.Copy(io.Discard, r.Body)
+		n := int(calls.Add(1))
+		steps[min(n, len(steps))-1](w, r)
+	})}
+	srv.Protocols.SetUnencryptedHTTP2(true)
+	go srv.Serve(ln)
+	t.Cleanup(func() { srv.Close() })
+	return ln.Addr().String(), calls
+}
+
+// answer writes a gRPC answer of msgs then status code in the trailers.
+func answer(code string, msgs ...string) http.HandlerFunc {
+	return func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "application/grpc")
+		w.WriteHeader(http.StatusOK)
+		for _, m := range msgs {
+			w.Write(append([]byte{0, 0, 0, 0, byte(len(m))}, m...))
+			w.(http.Flusher).Flush()
+		}
+		w.Header().Set(http.TrailerPrefix+"Grpc-Status", code)
+	}
+}
+
+// An HTTP error without a grpc-status is retried like a Trailers-Only
+// failure; a failure after the answer began is the client's.
+func TestRetriesOfOtherAnswers(t *testing.T) {
+	tests := []struct {
+		name  string
+		steps []http.HandlerFunc
+		want  codes.Code
+		calls int64
+	}{
+		{"HTTP 503, then an answer", []http.HandlerFunc{
+			func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusServiceUnavailable) },
+			answer("0", "ok"),
+		}, codes.OK, 2},
+		{"UNAVAILABLE after a message", []http.HandlerFunc{answer("14", "ok"), answer("0", "ok")}, codes.Unavailable, 1},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			addr, calls := startScripted(t, tt.steps...)
+			f := start(t, grpcPolicy("  allow_unlisted: false", echoTarget(addr, grpcRetry)))
+			out, err := f.call(keyed("o"), "hi")
+			if status.Code(err) != tt.want {
+				t.Fatalf("status %v, want %v", err, tt.want)
+			}
+			if tt.want == codes.OK && out != "ok" {
+				t.Fatalf("answer %q", out)
+			}
+			if n := calls.Load(); n != tt.calls {
+				t.Fatalf("upstream saw %d calls, want %d", n, tt.calls)
+			}
+		})
 	}
 }
