@@ -161,7 +161,7 @@ func (g *Grpc) exchange(ctx context.Context, w http.ResponseWriter, r *http.Requ
 				ticket.Done(breaker.Failure)
 				var again bool
 				var refused string
-				ticket, next, again, refused = g.retry(ctx, rt, attempt, reason, body)
+				ticket, next, again, refused = g.retry(ctx, rt, attempt, reason, body, pushback(resp))
 				if again {
 					if err == nil {
 						resp.Body.Close()
@@ -231,19 +231,49 @@ func failureBeforeAnswer(ctx context.Context, r *http.Request, resp *http.Respon
 	return ""
 }
 
+// pushback's answers other than a delay.
+const (
+	noPushback   = time.Duration(-1) // the upstream said nothing of when to retry
+	stopPushback = time.Duration(-2) // it asked for no retry
+)
+
+// pushback reads the upstream's grpc-retry-pushback-ms (gRFC A6), which
+// gRPC clients obey: a delay of that many milliseconds in place of the
+// policy's, and for a negative or malformed value, no retry at all.
+func pushback(resp *http.Response) time.Duration {
+	if resp == nil {
+		return noPushback
+	}
+	v, ok := resp.Header["Grpc-Retry-Pushback-Ms"]
+	if !ok {
+		return noPushback
+	}
+	ms, err := strconv.ParseInt(strings.TrimSpace(strings.Join(v, ",")), 10, 32)
+	if err != nil || ms < 0 {
+		return stopPushback
+	}
+	return time.Duration(ms) * time.Millisecond
+}
+
 // retry decides whether to retry after failed attempt number attempt
-// (1-based), waits the policy's delay on the clock, and passes the breaker
-// again, returning the retry's ticket and body. refused names the control
-// that stopped the retries when the client must be told (retry_budget); a
-// breaker that opened meanwhile ends them too, and the failure stands for
-// itself.
-func (g *Grpc) retry(ctx context.Context, rt *route, attempt int, reason string, body *replayReader) (ticket breaker.Ticket, next io.ReadCloser, again bool, refused string) {
+// (1-based), waits the policy's delay (or the upstream's pushback, when
+// not noPushback) on the clock, and passes the breaker again, returning
+// the retry's ticket and body. refused names the control that stopped the
+// retries when the client must be told (retry_budget); a breaker that
+// opened meanwhile ends them too, and the failure stands for itself.
+func (g *Grpc) retry(ctx context.Context, rt *route, attempt int, reason string, body *replayReader, push time.Duration) (ticket breaker.Ticket, next io.ReadCloser, again bool, refused string) {
 	if body != nil && !body.resendable() {
 		return breaker.Ticket{}, nil, false, "" // more than retryMax has gone out
+	}
+	if push == stopPushback {
+		return breaker.Ticket{}, nil, false, "" // the upstream asked not to
 	}
 	// Checked before ShouldRetry, which charges the budget with a retry
 	// that must then be made.
 	d := rt.Retry.Delay(attempt, nil)
+	if push != noPushback {
+		d = push
+	}
 	if dl, ok := ctx.Deadline(); ok && time.Until(dl) <= d {
 		return breaker.Ticket{}, nil, false, "" // it could not finish within the timeout
 	}

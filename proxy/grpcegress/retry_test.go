@@ -221,3 +221,41 @@ func TestRetriesOfOtherAnswers(t *testing.T) {
 		})
 	}
 }
+
+// failing answers Trailers-Only UNAVAILABLE with the headers kv.
+func failing(kv ...string) http.HandlerFunc {
+	return func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "application/grpc")
+		w.Header().Set("Grpc-Status", "14")
+		for i := 0; i+1 < len(kv); i += 2 {
+			w.Header().Set(kv[i], kv[i+1])
+		}
+		w.WriteHeader(http.StatusOK)
+	}
+}
+
+// An upstream's grpc-retry-pushback-ms sets the delay before the retry,
+// or, negative or malformed, stops the retries (gRFC A6).
+func TestRetryPushback(t *testing.T) {
+	addr, calls := startScripted(t, failing("Grpc-Retry-Pushback-Ms", "30000"), answer("0", "ok"))
+	f := start(t, grpcPolicy("  allow_unlisted: false", echoTarget(addr,
+		"retry: { count: 2, logic: fixed, delay: 1s, jitter: 0, budget: 1 }\ntimeout: 5m")))
+	done := make(chan error, 1)
+	go func() {
+		_, err := f.call(keyed("p"), "hi")
+		done <- err
+	}()
+	fasttest.WaitArmed(t, f.clk, 30*time.Second, calls.Load, 1)
+	f.clk.Advance(30 * time.Second)
+	if err := <-done; err != nil || calls.Load() != 2 {
+		t.Fatalf("%v after %d attempts", err, calls.Load())
+	}
+
+	for _, v := range []string{"-1", "soon"} {
+		addr, calls := startScripted(t, failing("Grpc-Retry-Pushback-Ms", v), answer("0", "ok"))
+		f := start(t, grpcPolicy("  allow_unlisted: false", echoTarget(addr, grpcRetry)))
+		if _, err := f.call(keyed("p"), "hi"); status.Code(err) != codes.Unavailable || calls.Load() != 1 {
+			t.Fatalf("pushback %q: %v after %d attempts", v, err, calls.Load())
+		}
+	}
+}
