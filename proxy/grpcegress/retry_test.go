@@ -22,6 +22,16 @@ import (
 
 const grpcRetry = "retry: { count: 2, logic: fixed, delay: 0s, budget: 1, non_retryable: [do not retry] }"
 
+// goCall makes the call in the background; its error comes on the channel.
+func (f *fixture) goCall(ctx context.Context, in string) <-chan error {
+	done := make(chan error, 1)
+	go func() {
+		_, err := f.call(ctx, in)
+		done <- err
+	}()
+	return done
+}
+
 func keyed(key string) context.Context {
 	return metadata.AppendToOutgoingContext(context.Background(), "idempotency-key", key)
 }
@@ -138,11 +148,7 @@ func TestRetryDelayUsesClock(t *testing.T) {
 	e, addr := startEcho(t)
 	f := start(t, grpcPolicy("  allow_unlisted: false", echoTarget(addr,
 		"retry: { count: 2, logic: exponential_backoff, delay: 10s, scale: 2, jitter: 0, budget: 1 }\ntimeout: 5m")))
-	done := make(chan error, 1)
-	go func() {
-		_, err := f.call(keyed("t"), "flaky:2")
-		done <- err
-	}()
+	done := f.goCall(keyed("t"), "flaky:2")
 	waitArmed := func(delay time.Duration, want int64) {
 		t.Helper()
 		fasttest.WaitArmed(t, f.clk, delay, e.calls.Load, want)
@@ -240,11 +246,7 @@ func TestRetryPushback(t *testing.T) {
 	addr, calls := startScripted(t, failing("Grpc-Retry-Pushback-Ms", "30000"), answer("0", "ok"))
 	f := start(t, grpcPolicy("  allow_unlisted: false", echoTarget(addr,
 		"retry: { count: 2, logic: fixed, delay: 1s, jitter: 0, budget: 1 }\ntimeout: 5m")))
-	done := make(chan error, 1)
-	go func() {
-		_, err := f.call(keyed("p"), "hi")
-		done <- err
-	}()
+	done := f.goCall(keyed("p"), "hi")
 	fasttest.WaitArmed(t, f.clk, 30*time.Second, calls.Load, 1)
 	f.clk.Advance(30 * time.Second)
 	if err := <-done; err != nil || calls.Load() != 2 {
