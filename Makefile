@@ -9,7 +9,8 @@ FUZZ     := ./policy:FuzzParse ./governor/bridge:FuzzParseStartup ./governor/bri
             ./proxy/httpwire:FuzzScanRequestHeaders ./proxy/httpwire:FuzzStripRequest ./proxy/httpwire:FuzzAddDate \
             ./proxy/httpwire:FuzzAuthority ./proxy/httpwire:FuzzSplitAbsoluteForm ./proxy/httpwire:FuzzMaxForwards \
             ./proxy/httpwire:FuzzForwardedFor \
-            ./connpool:FuzzChunkedReader ./internal/jsonstr:FuzzAppend ./proxy/grpcegress:FuzzServiceOf ./scheduler/store/pgstore:FuzzFirstSchema
+            ./connpool:FuzzChunkedReader ./internal/jsonstr:FuzzAppend ./proxy/grpcegress:FuzzServiceOf ./proxy/grpcegress:FuzzGrpcTimeout \
+            ./scheduler/store/pgstore:FuzzFirstSchema
 
 .PHONY: run build test test-unit fuzz lint vet fmt-check bench-limits bench-proxy bench-scheduler bench-bridge bench-rls clean
 

@@ -702,9 +702,9 @@ func TestOwnDeadlineIsNeutral(t *testing.T) {
 		t.Fatal(err)
 	}
 	srv := &http.Server{Protocols: new(http.Protocols), Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		d, _ := time.ParseDuration(strings.TrimSuffix(r.Header.Get("Grpc-Timeout"), "m") + "ms")
-		time.Sleep(d + 20*time.Millisecond) // past the deadline it was told
-		panic(http.ErrAbortHandler)         // RST_STREAM
+		dl, _ := callDeadline(r.Header.Get("Grpc-Timeout"), time.Now())
+		time.Sleep(time.Until(dl) + 20*time.Millisecond) // past the deadline it was told
+		panic(http.ErrAbortHandler)                      // RST_STREAM
 	})}
 	srv.Protocols.SetUnencryptedHTTP2(true)
 	go srv.Serve(ln)

@@ -138,8 +138,8 @@ func (g *Grpc) exchange(ctx context.Context, w http.ResponseWriter, r *http.Requ
 	if rt.Retry != nil {
 		rt.Retry.RecordExecution()
 	}
-	var body *replayReader
-	var getBody func() (io.ReadCloser, error)
+	c := &call{r: r, rt: rt, start: start}
+	c.deadline, _ = callDeadline(r.Header.Get("Grpc-Timeout"), start)
 	if r.Body != nil && r.Body != http.NoBody {
 		// A stream the upstream refused unprocessed is sent again by the
 		// transport, and a retried call by warden; both need the body
@@ -148,20 +148,20 @@ func (g *Grpc) exchange(ctx context.Context, w http.ResponseWriter, r *http.Requ
 		if retryable {
 			limit = retryMax
 		}
-		body, getBody = newReplayBody(r.Body, limit)
+		c.body, c.getBody = newReplayBody(r.Body, limit)
 	}
-	var next io.ReadCloser // not body itself, a nil *replayReader when there is none
-	if body != nil {
-		next = body
+	var next io.ReadCloser // not c.body itself, a nil *replayReader when there is none
+	if c.body != nil {
+		next = c.body
 	}
 	for attempt := 1; ; attempt++ {
-		resp, err := rt.transport.RoundTrip(outbound(ctx, r, rt, next, getBody))
+		resp, err := rt.transport.RoundTrip(c.outbound(ctx, next))
 		if retryable {
-			if reason := failureBeforeAnswer(ctx, r, resp, err, start); reason != "" {
+			if reason := c.failureBeforeAnswer(ctx, resp, err); reason != "" {
 				ticket.Done(breaker.Failure)
 				var again bool
 				var refused string
-				ticket, next, again, refused = g.retry(ctx, rt, attempt, reason, body, pushback(resp))
+				ticket, next, again, refused = g.retry(ctx, c, attempt, reason, pushback(resp))
 				if again {
 					if err == nil {
 						resp.Body.Close()
@@ -180,8 +180,22 @@ func (g *Grpc) exchange(ctx context.Context, w http.ResponseWriter, r *http.Requ
 	}
 }
 
-// outbound is the upstream's request for one attempt of the call r.
-func outbound(ctx context.Context, r *http.Request, rt *route, body io.ReadCloser, getBody func() (io.ReadCloser, error)) *http.Request {
+// call is what the attempts of one call share.
+type call struct {
+	r        *http.Request
+	rt       *route
+	start    time.Time
+	deadline time.Time // the caller's own, from its grpc-timeout; zero: none
+	body     *replayReader
+	getBody  func() (io.ReadCloser, error)
+}
+
+// outbound is the upstream's request for one attempt of the call, with
+// body. A caller's grpc-timeout goes as what is left of it at the
+// attempt, and no later than the target's timeout, as a gRPC client's own
+// retries send it: the upstream then stops when nobody waits any more.
+func (c *call) outbound(ctx context.Context, body io.ReadCloser) *http.Request {
+	r, rt := c.r, c.rt
 	host := rt.host
 	if host == "" {
 		host = r.Host
@@ -200,7 +214,14 @@ func outbound(ctx context.Context, r *http.Request, rt *route, body io.ReadClose
 		out.Host = rt.host
 	}
 	if body != nil {
-		out.Body, out.GetBody = body, getBody
+		out.Body, out.GetBody = body, c.getBody
+	}
+	if !c.deadline.IsZero() {
+		dl := c.deadline
+		if t, ok := ctx.Deadline(); ok && t.Before(dl) {
+			dl = t
+		}
+		out.Header.Set("Grpc-Timeout", encodeTimeout(time.Until(dl)))
 	}
 	return out.WithContext(ctx)
 }
@@ -211,9 +232,9 @@ func outbound(ctx context.Context, r *http.Request, rt *route, body io.ReadClose
 // timeout, which are not retried), or an answer that is only a failing
 // status (Trailers-Only; DEADLINE_EXCEEDED is a timeout), or an HTTP error
 // without one. "" for anything else.
-func failureBeforeAnswer(ctx context.Context, r *http.Request, resp *http.Response, err error, start time.Time) string {
+func (c *call) failureBeforeAnswer(ctx context.Context, resp *http.Response, err error) string {
 	if err != nil {
-		if ctx.Err() != nil || deadlinePassed(r.Header.Get("Grpc-Timeout"), start, time.Now()) {
+		if ctx.Err() != nil || (!c.deadline.IsZero() && !time.Now().Before(c.deadline)) {
 			return ""
 		}
 		return err.Error()
@@ -261,7 +282,8 @@ func pushback(resp *http.Response) time.Duration {
 // the retry's ticket and body. refused names the control that stopped the
 // retries when the client must be told (retry_budget); a breaker that
 // opened meanwhile ends them too, and the failure stands for itself.
-func (g *Grpc) retry(ctx context.Context, rt *route, attempt int, reason string, body *replayReader, push time.Duration) (ticket breaker.Ticket, next io.ReadCloser, again bool, refused string) {
+func (g *Grpc) retry(ctx context.Context, c *call, attempt int, reason string, push time.Duration) (ticket breaker.Ticket, next io.ReadCloser, again bool, refused string) {
+	rt, body := c.rt, c.body
 	if body != nil && !body.resendable() {
 		return breaker.Ticket{}, nil, false, "" // more than retryMax has gone out
 	}
@@ -276,6 +298,9 @@ func (g *Grpc) retry(ctx context.Context, rt *route, attempt int, reason string,
 	}
 	if dl, ok := ctx.Deadline(); ok && time.Until(dl) <= d {
 		return breaker.Ticket{}, nil, false, "" // it could not finish within the timeout
+	}
+	if !c.deadline.IsZero() && time.Until(c.deadline) <= d {
+		return breaker.Ticket{}, nil, false, "" // nor within the caller's own deadline
 	}
 	ok, control := rt.Retry.ShouldRetry(attempt, reason)
 	if !ok {
@@ -501,23 +526,58 @@ var grpcTimeoutUnits = map[byte]time.Duration{
 	'm': time.Millisecond, 'u': time.Microsecond, 'n': time.Nanosecond,
 }
 
-// deadlinePassed reports whether a call's own deadline, its grpc-timeout
-// header (1-8 digits and a unit, H M S m u n) counted from start, has
-// passed at now. A missing or malformed header is no deadline.
-func deadlinePassed(timeout string, start, now time.Time) bool {
+// timeoutUnits are the units of a grpc-timeout header, finest first.
+var timeoutUnits = []struct {
+	unit byte
+	d    time.Duration
+}{{'n', time.Nanosecond}, {'u', time.Microsecond}, {'m', time.Millisecond}, {'S', time.Second}, {'M', time.Minute}, {'H', time.Hour}}
+
+// callDeadline is when a call's own deadline passes: its grpc-timeout
+// header (1-8 digits and a unit, H M S m u n) counted from start. A
+// missing or malformed header is no deadline (ok false).
+func callDeadline(timeout string, start time.Time) (deadline time.Time, ok bool) {
 	if len(timeout) < 2 || len(timeout) > 9 {
-		return false
+		return time.Time{}, false
 	}
 	n, err := strconv.ParseInt(timeout[:len(timeout)-1], 10, 64)
 	if err != nil || n < 0 {
-		return false
+		return time.Time{}, false
 	}
-	unit := grpcTimeoutUnits[timeout[len(timeout)-1]]
-	if unit == 0 {
-		return false
+	for _, u := range timeoutUnits {
+		if u.unit == timeout[len(timeout)-1] {
+			if n > int64(math.MaxInt64/u.d) {
+				return time.Time{}, false
+			}
+			return start.Add(time.Duration(n) * u.d), true
+		}
 	}
-	if n > int64(math.MaxInt64/unit) {
-		return false
+	return time.Time{}, false
+}
+
+// deadlinePassed reports whether the deadline of a call whose grpc-timeout
+// is timeout, counted from start, has passed at now.
+func deadlinePassed(timeout string, start, now time.Time) bool {
+	dl, ok := callDeadline(timeout, start)
+	return ok && !now.Before(dl)
+}
+
+// encodeTimeout writes d as a grpc-timeout value: at most 8 digits, in the
+// finest unit that holds it, rounded up so that a deadline is never
+// shortened to nothing (a passed one is 1n); only within an hour of the
+// longest Duration, where rounding up would not read back, is it rounded
+// down.
+func encodeTimeout(d time.Duration) string {
+	if d < time.Nanosecond {
+		d = time.Nanosecond
 	}
-	return !now.Before(start.Add(time.Duration(n) * unit))
+	for _, u := range timeoutUnits {
+		n := d / u.d
+		if d%u.d != 0 && n < math.MaxInt64/u.d {
+			n++
+		}
+		if n <= 99999999 {
+			return strconv.FormatInt(int64(n), 10) + string(u.unit)
+		}
+	}
+	return "99999999H" // not reached: the longest Duration is 2562047 hours
 }

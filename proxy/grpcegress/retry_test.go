@@ -4,9 +4,11 @@ import (
 	"bytes"
 	"context"
 	"io"
+	"math"
 	"net"
 	"net/http"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -260,4 +262,124 @@ func TestRetryPushback(t *testing.T) {
 			t.Fatalf("pushback %q: %v after %d attempts", v, err, calls.Load())
 		}
 	}
+}
+
+// The upstream is told what is left of the caller's deadline at each
+// attempt, no later than the target's timeout; a call without a deadline
+// is sent without one.
+func TestDeadlinePropagated(t *testing.T) {
+	tests := []struct {
+		name     string
+		deadline time.Duration // the caller's; 0: none
+		timeout  string        // the target's
+		max, min time.Duration // what the upstream may be told; max 0: nothing
+	}{
+		{"the target's timeout is sooner", time.Hour, "5s", 5 * time.Second, 4 * time.Second},
+		{"the caller's deadline is sooner", 2 * time.Second, "5m", 2 * time.Second, time.Second},
+		{"no deadline", 0, "5s", 0, 0},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			var mu sync.Mutex
+			var told []string
+			record := func(next http.HandlerFunc) http.HandlerFunc {
+				return func(w http.ResponseWriter, r *http.Request) {
+					mu.Lock()
+					told = append(told, r.Header.Get("Grpc-Timeout"))
+					mu.Unlock()
+					next(w, r)
+				}
+			}
+			addr, _ := startScripted(t, record(failing()), record(answer("0", "ok")))
+			f := start(t, grpcPolicy("  allow_unlisted: false", echoTarget(addr, grpcRetry+"\ntimeout: "+tt.timeout)))
+			ctx := keyed("d")
+			if tt.deadline > 0 {
+				var cancel context.CancelFunc
+				ctx, cancel = context.WithTimeout(ctx, tt.deadline)
+				defer cancel()
+			}
+			if _, err := f.call(ctx, "hi"); err != nil {
+				t.Fatal(err)
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			if len(told) != 2 {
+				t.Fatalf("%d attempts", len(told))
+			}
+			var last time.Duration
+			for i, v := range told {
+				if tt.max == 0 {
+					if v != "" {
+						t.Fatalf("attempt %d told grpc-timeout %q", i+1, v)
+					}
+					continue
+				}
+				dl, ok := callDeadline(v, t0)
+				d := dl.Sub(t0)
+				if !ok || d > tt.max || d < tt.min {
+					t.Fatalf("attempt %d told grpc-timeout %q, want %v to %v", i+1, v, tt.min, tt.max)
+				}
+				if i > 0 && d > last {
+					t.Fatalf("the retry was told %v, more than the first attempt's %v", d, last)
+				}
+				last = d
+			}
+		})
+	}
+}
+
+func TestEncodeTimeout(t *testing.T) {
+	tests := []struct {
+		d    time.Duration
+		want string
+	}{
+		{0, "1n"},
+		{-time.Second, "1n"},
+		{99999999, "99999999n"},
+		{100 * time.Millisecond, "100000u"},
+		{100*time.Millisecond + 1, "100001u"}, // rounded up, never down
+		{time.Hour, "3600000m"},
+		{1000 * time.Hour, "3600000S"},
+		{time.Duration(math.MaxInt64), "2562047H"}, // rounded down: 2562048H would not read back
+	}
+	for _, tt := range tests {
+		if got := encodeTimeout(tt.d); got != tt.want {
+			t.Errorf("encodeTimeout(%v) = %q, want %q", tt.d, got, tt.want)
+		}
+	}
+}
+
+// FuzzGrpcTimeout: any grpc-timeout value parses without a panic, and any
+// duration warden writes reads back within one unit of it, and not
+// shorter (but within an hour of the longest Duration).
+func FuzzGrpcTimeout(f *testing.F) {
+	for _, s := range []string{"1n", "50m", "99999999H", "100000000S", "-1S", "5x", "", "S"} {
+		f.Add(s, int64(0))
+	}
+	f.Add("", int64(time.Hour))
+	f.Add("", int64(math.MaxInt64))
+	f.Fuzz(func(t *testing.T, header string, d int64) {
+		callDeadline(header, t0)
+		if d <= 0 {
+			return
+		}
+		v := encodeTimeout(time.Duration(d))
+		dl, ok := callDeadline(v, t0)
+		if !ok {
+			t.Fatalf("encodeTimeout(%v) = %q, which does not parse", time.Duration(d), v)
+		}
+		got := dl.Sub(t0)
+		var unit time.Duration
+		for _, u := range timeoutUnits {
+			if u.unit == v[len(v)-1] {
+				unit = u.d
+			}
+		}
+		if got < time.Duration(d) && time.Duration(d) <= math.MaxInt64-unit {
+			t.Fatalf("encodeTimeout(%v) = %q, read back as %v: shorter", time.Duration(d), v, got)
+		}
+		if got-time.Duration(d) >= unit || time.Duration(d)-got >= unit {
+			t.Fatalf("encodeTimeout(%v) = %q, read back as %v", time.Duration(d), v, got)
+		}
+	})
 }
