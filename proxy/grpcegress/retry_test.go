@@ -165,7 +165,8 @@ func TestRetryDelayUsesClock(t *testing.T) {
 }
 
 // startScripted serves h2c calls from steps, the nth call by the nth step
-// (the last repeats), and counts the calls.
+// (the last repeats), and counts the calls. A step reads the request body
+// if it wants it.
 func startScripted(t *testing.T, steps ...http.HandlerFunc) (string, *atomic.Int64) {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
@@ -174,7 +175,6 @@ func startScripted(t *testing.T, steps ...http.HandlerFunc) (string, *atomic.Int
 	}
 	calls := new(atomic.Int64)
 	srv := &http.Server{Protocols: new(http.Protocols), Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		io.Copy(io.Discard, r.Body)
 		n := int(calls.Add(1))
 		steps[min(n, len(steps))-1](w, r)
 	})}
@@ -382,4 +382,37 @@ func FuzzGrpcTimeout(f *testing.F) {
 			t.Fatalf("encodeTimeout(%v) = %q, read back as %v", time.Duration(d), v, got)
 		}
 	})
+}
+
+// A client-streaming call that fails before any answer is retried with
+// what the client has sent so far, and goes on with what it sends after.
+func TestRetryMidStream(t *testing.T) {
+	got := make(chan int, 1)
+	addr, calls := startScripted(t, failing(), func(w http.ResponseWriter, r *http.Request) {
+		b, _ := io.ReadAll(r.Body)
+		got <- len(b)
+		answer("0", "ok")(w, r)
+	})
+	f := start(t, grpcPolicy("  allow_unlisted: false", echoTarget(addr, grpcRetry)))
+	stream, err := f.conn.NewStream(keyed("s"), &grpc.StreamDesc{ServerStreams: true, ClientStreams: true}, "/test.v1.Echo/Chat")
+	if err != nil {
+		t.Fatal(err)
+	}
+	first := []byte("first")
+	if err := stream.SendMsg(&first); err != nil {
+		t.Fatal(err)
+	}
+	fasttest.WaitFor(t, "the retry", func() bool { return calls.Load() == 2 })
+	second := []byte("second message")
+	if err := stream.SendMsg(&second); err != nil {
+		t.Fatal(err)
+	}
+	stream.CloseSend()
+	var reply []byte
+	if err := stream.RecvMsg(&reply); err != nil || string(reply) != "ok" {
+		t.Fatalf("%q %v", reply, err)
+	}
+	if n, want := <-got, 5+len(first)+5+len(second); n != want {
+		t.Fatalf("the retry sent %d bytes upstream, want %d (both messages)", n, want)
+	}
 }
