@@ -322,7 +322,7 @@ func (s *Scheduler) Complete(ctx context.Context, id string, c Completion) (RunV
 		if reason == "" {
 			reason = "worker reported FAILED"
 		}
-		ok = s.fail(a, reason)
+		ok = s.fail(a, reason, 0)
 	default:
 		return RunView{}, badRequest(`"status" %q: want COMPLETED, FAILED or FAILED_WITH_TERMINAL_ERROR`, c.Status)
 	}

@@ -22,11 +22,13 @@ type Delivery struct {
 }
 
 // Reply is the worker's answer to a delivery: a status and body, or Err
-// when no answer came (connection error, timeout).
+// when no answer came (connection error, timeout). RetryAfter is the wait
+// a 429 or 503 asked for in its Retry-After (0: none).
 type Reply struct {
-	Status int
-	Body   []byte
-	Err    error
+	Status     int
+	Body       []byte
+	Err        error
+	RetryAfter time.Duration
 }
 
 // DeliverFunc hands a run to the worker and waits for its answer. It must
@@ -86,7 +88,40 @@ func (s *Scheduler) httpDeliver(ctx context.Context, d Delivery) Reply {
 	if err != nil {
 		return Reply{Err: fmt.Errorf("read reply: %w", err)}
 	}
-	return Reply{Status: resp.StatusCode, Body: body}
+	rep := Reply{Status: resp.StatusCode, Body: body}
+	if rep.Status == http.StatusTooManyRequests || rep.Status == http.StatusServiceUnavailable {
+		rep.RetryAfter, _ = parseRetryAfter(resp.Header.Get("Retry-After"), s.clk.Now())
+	}
+	return rep
+}
+
+// maxRetryAfter bounds a Retry-After in seconds, so that a long one
+// cannot overflow a Duration (the retry policy's max_delay caps it
+// further).
+const maxRetryAfter = 100 * 365 * 24 * time.Hour
+
+// parseRetryAfter reads a Retry-After value (RFC 9110 §10.2.3): whole
+// seconds, or an HTTP-date counted from now (one already past is 0). ok
+// is false for anything else.
+func parseRetryAfter(v string, now time.Time) (d time.Duration, ok bool) {
+	if v == "" {
+		return 0, false
+	}
+	if v[0] >= '0' && v[0] <= '9' {
+		n, err := strconv.ParseUint(v, 10, 64)
+		if err != nil && !errors.Is(err, strconv.ErrRange) {
+			return 0, false
+		}
+		if err != nil || n > uint64(maxRetryAfter/time.Second) {
+			return maxRetryAfter, true
+		}
+		return time.Duration(n) * time.Second, true
+	}
+	t, err := http.ParseTime(v)
+	if err != nil {
+		return 0, false
+	}
+	return min(max(t.Sub(now), 0), maxRetryAfter), true
 }
 
 type outcomeKind uint8
@@ -99,8 +134,9 @@ const (
 )
 
 type outcome struct {
-	kind   outcomeKind
-	reason string
+	kind       outcomeKind
+	reason     string
+	retryAfter time.Duration // what a retryable reply asked to wait
 }
 
 // classify maps a worker's reply to what happens to the run (SPEC §6):
@@ -118,7 +154,7 @@ func classify(r Reply) outcome {
 		}
 		return outcome{kind: outCompleted}
 	case r.Status == http.StatusTooManyRequests || r.Status >= 500:
-		return outcome{kind: outRetryable, reason: replyReason(r)}
+		return outcome{kind: outRetryable, reason: replyReason(r), retryAfter: r.RetryAfter}
 	}
 	return outcome{kind: outTerminal, reason: replyReason(r)}
 }

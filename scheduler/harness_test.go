@@ -48,6 +48,17 @@ type worker struct {
 	maxSeen  int
 	arrived  chan delivery
 	respond  func(d delivery) (int, string)
+	header   http.Header // sent with every reply; set with setHeader
+}
+
+// setHeader has the worker send k: v with its replies from now on.
+func (w *worker) setHeader(k, v string) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.header == nil {
+		w.header = http.Header{}
+	}
+	w.header.Set(k, v)
 }
 
 func newWorker(t *testing.T, respond func(d delivery) (int, string), held ...*gates) *worker {
@@ -68,6 +79,9 @@ func newWorker(t *testing.T, respond func(d delivery) (int, string), held ...*ga
 		}
 		w.mu.Lock()
 		w.inFlight--
+		for k, v := range w.header {
+			rw.Header()[k] = v
+		}
 		w.mu.Unlock()
 		rw.WriteHeader(code)
 		io.WriteString(rw, out)

@@ -93,6 +93,40 @@ func TestRetryWithPolicyDelays(t *testing.T) {
 	}
 }
 
+// A 429 or 503 whose Retry-After asks for longer than the policy's delay
+// waits that long, up to max_delay; other statuses' Retry-After is not
+// read.
+func TestWorkerRetryAfter(t *testing.T) {
+	tests := []struct {
+		name       string
+		code       int
+		retryAfter string
+		want       time.Duration
+	}{
+		{"longer than the delay", 503, "30", 30 * time.Second},
+		{"429 too", 429, "30", 30 * time.Second},
+		{"past max_delay", 503, "3600", time.Minute},
+		{"shorter than the delay", 503, "1", 10 * time.Second},
+		{"an HTTP-date", 503, t0.Add(25 * time.Second).UTC().Format(http.TimeFormat), 25 * time.Second},
+		{"malformed", 503, "soon", 10 * time.Second},
+		{"a 500's is not read", 500, "30", 10 * time.Second},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			w := newWorker(t, func(delivery) (int, string) { return tc.code, "busy" })
+			w.setHeader("Retry-After", tc.retryAfter)
+			h := newHarness(t, policyYAML(w.srv.URL, `
+  definitions:
+    job: { retry: { count: 2, logic: fixed, delay: 10s, max_delay: 1m, jitter: 0 } }`, ""), withFakeClock())
+			id := h.submit(`{"name":"job"}`).ID
+			v := h.waitStatus(id, "RETRY_WAIT")
+			if v.RetryAt == nil || !v.RetryAt.Equal(h.fake.Now().Add(tc.want)) {
+				t.Fatalf("retry_at %v, want now (%v) + %s", v.RetryAt, h.fake.Now(), tc.want)
+			}
+		})
+	}
+}
+
 func TestNonRetryableReasonIsNotRetried(t *testing.T) {
 	w := newWorker(t, func(delivery) (int, string) { return 503, `card_declined` })
 	h := newHarness(t, policyYAML(w.srv.URL, `

@@ -142,7 +142,7 @@ func (s *Scheduler) handleReply(a *active, rep Reply) {
 	case outTerminal:
 		s.finish(a, store.FailedTerminal, nil, o.reason, "")
 	case outRetryable:
-		s.fail(a, o.reason)
+		s.fail(a, o.reason, o.retryAfter)
 	}
 }
 
@@ -195,8 +195,10 @@ func (s *Scheduler) finish(a *active, st store.Status, output []byte, reason, co
 }
 
 // fail handles a retryable failure: RETRY_WAIT with the policy's delay
-// while attempts and budget last, FAILED after.
-func (s *Scheduler) fail(a *active, reason string) bool {
+// while attempts and budget last, FAILED after. A worker that asked for a
+// longer wait (asked, its Retry-After) gets it, up to max_delay, as Cloud
+// Tasks considers a worker's Retry-After.
+func (s *Scheduler) fail(a *active, reason string, asked time.Duration) bool {
 	a.mu.Lock()
 	done, attempt := a.done, int(a.run.Attempt)
 	a.mu.Unlock()
@@ -211,7 +213,7 @@ func (s *Scheduler) fail(a *active, reason string) bool {
 	if !retry {
 		return s.finish(a, store.Failed, nil, reason, control)
 	}
-	delay := a.def.retry.Delay(attempt, nil)
+	delay := a.def.retry.DelayAsked(attempt, asked)
 	r, ok := a.end()
 	if !ok {
 		return false

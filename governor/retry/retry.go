@@ -143,6 +143,21 @@ func (p *Policy) Delay(attempt int, rnd func() float64) time.Duration {
 	return time.Duration(d)
 }
 
+// Cap bounds d by max_delay.
+func (p *Policy) Cap(d time.Duration) time.Duration {
+	if float64(d) > p.maxDelay {
+		return time.Duration(p.maxDelay)
+	}
+	return d
+}
+
+// DelayAsked is Delay, lengthened to what the other side asked for (a
+// Retry-After) when that is longer, but never past max_delay: the
+// operator's cap on any wait holds over the peer's request too.
+func (p *Policy) DelayAsked(attempt int, asked time.Duration) time.Duration {
+	return max(p.Delay(attempt, nil), p.Cap(asked))
+}
+
 // clamp bounds d to [0, max_delay]. NaN (0 × Inf when delay is 0 and the
 // exponent overflows) means the configured delay was 0, so it becomes 0.
 func (p *Policy) clamp(d float64) float64 {

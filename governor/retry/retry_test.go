@@ -131,6 +131,28 @@ func TestSeededJitterIsReproducible(t *testing.T) {
 	}
 }
 
+func TestDelayAsked(t *testing.T) {
+	fixed := policy.Retry{Logic: policy.RetryFixed, Delay: 10 * time.Second, MaxDelay: time.Minute}
+	uncapped := policy.Retry{Logic: policy.RetryFixed, Delay: 10 * time.Second}
+	tests := []struct {
+		name  string
+		cfg   policy.Retry
+		asked time.Duration
+		want  time.Duration
+	}{
+		{"nothing asked", fixed, 0, 10 * time.Second},
+		{"shorter than the delay", fixed, time.Second, 10 * time.Second},
+		{"longer", fixed, 30 * time.Second, 30 * time.Second},
+		{"past max_delay", fixed, time.Hour, time.Minute},
+		{"no max_delay", uncapped, time.Hour, time.Hour},
+	}
+	for _, tt := range tests {
+		if got := New(tt.cfg).DelayAsked(1, tt.asked); got != tt.want {
+			t.Errorf("%s: DelayAsked(1, %v) = %v, want %v", tt.name, tt.asked, got, tt.want)
+		}
+	}
+}
+
 func TestNonRetryable(t *testing.T) {
 	p := New(policy.Retry{Count: 3, NonRetryable: []string{"card_declined", "INVALID_ARGUMENT", ""}})
 	for _, tc := range []struct {

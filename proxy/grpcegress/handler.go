@@ -294,7 +294,7 @@ func (g *Grpc) retry(ctx context.Context, c *call, attempt int, reason string, p
 	// that must then be made.
 	d := rt.Retry.Delay(attempt, nil)
 	if push != noPushback {
-		d = push
+		d = rt.Retry.Cap(push) // max_delay holds over the upstream's ask too
 	}
 	if dl, ok := ctx.Deadline(); ok && time.Until(dl) <= d {
 		return breaker.Ticket{}, nil, false, "" // it could not finish within the timeout

@@ -255,6 +255,17 @@ func TestRetryPushback(t *testing.T) {
 		t.Fatalf("%v after %d attempts", err, calls.Load())
 	}
 
+	// No longer than max_delay (1 h by default).
+	addr, calls = startScripted(t, failing("Grpc-Retry-Pushback-Ms", "7200000"), answer("0", "ok"))
+	f = start(t, grpcPolicy("  allow_unlisted: false", echoTarget(addr,
+		"retry: { count: 2, logic: fixed, delay: 1s, jitter: 0, budget: 1 }\ntimeout: 5h")))
+	done = f.goCall(keyed("p"), "hi")
+	fasttest.WaitArmed(t, f.clk, time.Hour, calls.Load, 1)
+	f.clk.Advance(time.Hour)
+	if err := <-done; err != nil || calls.Load() != 2 {
+		t.Fatalf("%v after %d attempts", err, calls.Load())
+	}
+
 	for _, v := range []string{"-1", "soon"} {
 		addr, calls := startScripted(t, failing("Grpc-Retry-Pushback-Ms", v), answer("0", "ok"))
 		f := start(t, grpcPolicy("  allow_unlisted: false", echoTarget(addr, grpcRetry)))
