@@ -5,7 +5,7 @@ DATA_DIR ?= ./data
 FUZZTIME ?= 10s
 # Packages with fuzz targets and the targets to run briefly on every test run.
 FUZZ     := ./policy:FuzzParse ./governor/bridge:FuzzParseStartup ./governor/bridge:FuzzScanners ./proxy/rls:FuzzShouldRateLimit \
-            ./scheduler:FuzzParseSubmit ./scheduler:FuzzRetryAfter ./scheduler:FuzzKeyExpr ./scheduler:FuzzLookupJSON ./scheduler/store:FuzzDecode \
+            ./scheduler:FuzzParseSubmit ./governor/retry:FuzzRetryAfter ./scheduler:FuzzKeyExpr ./scheduler:FuzzLookupJSON ./scheduler/store:FuzzDecode \
             ./proxy/httpwire:FuzzScanRequestHeaders ./proxy/httpwire:FuzzStripRequest ./proxy/httpwire:FuzzAddDate \
             ./proxy/httpwire:FuzzAuthority ./proxy/httpwire:FuzzSplitAbsoluteForm ./proxy/httpwire:FuzzMaxForwards \
             ./proxy/httpwire:FuzzForwardedFor \

@@ -10,6 +10,8 @@ import (
 	"net/http"
 	"strconv"
 	"time"
+
+	"github.com/warden-dev/warden/governor/retry"
 )
 
 // Delivery is one attempt of a run handed to the worker.
@@ -90,38 +92,9 @@ func (s *Scheduler) httpDeliver(ctx context.Context, d Delivery) Reply {
 	}
 	rep := Reply{Status: resp.StatusCode, Body: body}
 	if rep.Status == http.StatusTooManyRequests || rep.Status == http.StatusServiceUnavailable {
-		rep.RetryAfter, _ = parseRetryAfter(resp.Header.Get("Retry-After"), s.clk.Now())
+		rep.RetryAfter, _ = retry.ParseRetryAfter(resp.Header.Get("Retry-After"), s.clk.Now())
 	}
 	return rep
-}
-
-// maxRetryAfter bounds a Retry-After in seconds, so that a long one
-// cannot overflow a Duration (the retry policy's max_delay caps it
-// further).
-const maxRetryAfter = 100 * 365 * 24 * time.Hour
-
-// parseRetryAfter reads a Retry-After value (RFC 9110 §10.2.3): whole
-// seconds, or an HTTP-date counted from now (one already past is 0). ok
-// is false for anything else.
-func parseRetryAfter(v string, now time.Time) (d time.Duration, ok bool) {
-	if v == "" {
-		return 0, false
-	}
-	if v[0] >= '0' && v[0] <= '9' {
-		n, err := strconv.ParseUint(v, 10, 64)
-		if err != nil && !errors.Is(err, strconv.ErrRange) {
-			return 0, false
-		}
-		if err != nil || n > uint64(maxRetryAfter/time.Second) {
-			return maxRetryAfter, true
-		}
-		return time.Duration(n) * time.Second, true
-	}
-	t, err := http.ParseTime(v)
-	if err != nil {
-		return 0, false
-	}
-	return min(max(t.Sub(now), 0), maxRetryAfter), true
 }
 
 type outcomeKind uint8

@@ -163,7 +163,7 @@ func (e *Egress) exchange(ctx *fasthttp.RequestCtx, x *exchange, pool *connpool.
 			_, control := respond.UpstreamStatus(err)
 			if retryable && control != respond.ControlTimeout && outcome == breaker.Failure {
 				var refused string
-				ticket, again, refused = e.retry(ctx, x, attempt, err.Error())
+				ticket, again, refused = e.retry(ctx, x, attempt, err.Error(), 0)
 				if refused != "" {
 					control = refused
 				}
@@ -189,7 +189,7 @@ func (e *Egress) exchange(ctx *fasthttp.RequestCtx, x *exchange, pool *connpool.
 			x.code = status
 			var refused string
 			if outcome == breaker.Failure && retryable && !streamed {
-				ticket, again, refused = e.retry(ctx, x, attempt, failureReason(&ctx.Response))
+				ticket, again, refused = e.retry(ctx, x, attempt, failureReason(&ctx.Response), e.retryAfter(&ctx.Response))
 			}
 			if !again {
 				// Only the answer that goes to the client is stripped: a
@@ -273,11 +273,11 @@ func sendsIdempotencyKey(h *fasthttp.RequestHeader, f httpwire.Fields) bool {
 // refused names the control that stopped the retries when the client must
 // be told (retry_budget: the budget is spent); a breaker that opened
 // meanwhile ends them too, but the failure stands for itself.
-func (e *Egress) retry(ctx *fasthttp.RequestCtx, x *exchange, attempt int, reason string) (ticket breaker.Ticket, again bool, refused string) {
+func (e *Egress) retry(ctx *fasthttp.RequestCtx, x *exchange, attempt int, reason string, asked time.Duration) (ticket breaker.Ticket, again bool, refused string) {
 	r := x.r
 	// Checked before ShouldRetry, which charges the budget with a retry
 	// that must then be made.
-	d := r.Retry.Delay(attempt, nil)
+	d := r.Retry.DelayAsked(attempt, asked)
 	if !x.req.Deadline.IsZero() && time.Until(x.req.Deadline) <= d {
 		return breaker.Ticket{}, false, "" // the retry could not finish within the timeout
 	}
@@ -307,6 +307,23 @@ func (e *Egress) retry(ctx *fasthttp.RequestCtx, x *exchange, attempt int, reaso
 	// answer must go to the client as the upstream sent it.
 	ctx.Response.Header.SetNoDefaultContentType(true)
 	return ticket, true, ""
+}
+
+// retryAfter is the wait a 429 or 503 asked for in its Retry-After (0:
+// none). A retry sooner would meet the same refusal, and spend the target's
+// goodwill and the retry budget on it: the retry waits that long, up to
+// the policy's max_delay, and is not made when the target's timeout would
+// pass first (Envoy's rate_limited_retry_back_off does as much).
+func (e *Egress) retryAfter(resp *fasthttp.Response) time.Duration {
+	if s := resp.StatusCode(); s != fasthttp.StatusTooManyRequests && s != fasthttp.StatusServiceUnavailable {
+		return 0
+	}
+	v := resp.Header.Peek(fasthttp.HeaderRetryAfter)
+	if len(v) == 0 {
+		return 0
+	}
+	d, _ := retry.ParseRetryAfter(string(v), e.opts.Clock.Now())
+	return d
 }
 
 // failureReason is what non_retryable entries are matched against: the

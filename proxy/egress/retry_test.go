@@ -322,3 +322,29 @@ func TestRetryBudgetSpentOnConnectionError(t *testing.T) {
 		t.Fatalf("rejections{upstream} rose by %v for a request refused by the budget", d)
 	}
 }
+
+// A 503's Retry-After lengthens the wait before the retry; one longer
+// than what is left of the timeout ends the retries with that 503.
+func TestRetryAfterLengthensTheDelay(t *testing.T) {
+	for _, tc := range []struct {
+		retryAfter string
+		requests   int64
+		status     int
+	}{{"30", 2, 200}, {"600", 1, 503}} {
+		var n atomic.Int64
+		f, up := retryFixture(t, "retry: { count: 2, logic: fixed, delay: 1s, jitter: 0 }\ntimeout: 5m", func(ctx *fasthttp.RequestCtx) {
+			if n.Add(1) == 1 {
+				ctx.Response.Header.Set("Retry-After", tc.retryAfter)
+				ctx.SetStatusCode(503)
+			}
+		})
+		done := f.goDo("GET", "http://api.test/", nil)
+		if tc.status == 200 {
+			fasttest.WaitArmed(t, f.clk, 30*time.Second, up.Requests.Load, 1)
+			f.clk.Advance(30 * time.Second)
+		}
+		if r := <-done; r.status != tc.status || up.Requests.Load() != tc.requests {
+			t.Fatalf("Retry-After %s: %d after %d attempts, want %d after %d", tc.retryAfter, r.status, up.Requests.Load(), tc.status, tc.requests)
+		}
+	}
+}
