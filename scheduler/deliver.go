@@ -90,11 +90,8 @@ func (s *Scheduler) httpDeliver(ctx context.Context, d Delivery) Reply {
 	if err != nil {
 		return Reply{Err: fmt.Errorf("read reply: %w", err)}
 	}
-	rep := Reply{Status: resp.StatusCode, Body: body}
-	if rep.Status == http.StatusTooManyRequests || rep.Status == http.StatusServiceUnavailable {
-		rep.RetryAfter, _ = retry.ParseRetryAfter(resp.Header.Get("Retry-After"), s.clk.Now())
-	}
-	return rep
+	return Reply{Status: resp.StatusCode, Body: body,
+		RetryAfter: retry.Asked(resp.StatusCode, resp.Header.Get("Retry-After"), s.clk.Now())}
 }
 
 type outcomeKind uint8
@@ -107,9 +104,8 @@ const (
 )
 
 type outcome struct {
-	kind       outcomeKind
-	reason     string
-	retryAfter time.Duration // what a retryable reply asked to wait
+	kind   outcomeKind
+	reason string
 }
 
 // classify maps a worker's reply to what happens to the run (SPEC §6):
@@ -127,7 +123,7 @@ func classify(r Reply) outcome {
 		}
 		return outcome{kind: outCompleted}
 	case r.Status == http.StatusTooManyRequests || r.Status >= 500:
-		return outcome{kind: outRetryable, reason: replyReason(r), retryAfter: r.RetryAfter}
+		return outcome{kind: outRetryable, reason: replyReason(r)}
 	}
 	return outcome{kind: outTerminal, reason: replyReason(r)}
 }

@@ -142,7 +142,7 @@ func (s *Scheduler) handleReply(a *active, rep Reply) {
 	case outTerminal:
 		s.finish(a, store.FailedTerminal, nil, o.reason, "")
 	case outRetryable:
-		s.fail(a, o.reason, o.retryAfter)
+		s.fail(a, o.reason, rep.RetryAfter)
 	}
 }
 

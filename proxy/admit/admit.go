@@ -1,7 +1,8 @@
 // Package admit runs a request through an egress target's controls in
 // SPEC §4's order — the tenant cap, the circuit breaker, then the target's
-// pools (waiting in their queues) — for both the HTTP and the gRPC egress.
-// Protocols differ only in how a refusal is written.
+// pools (waiting in their queues) — and through the step before each of
+// its retries (Retry), for both the HTTP and the gRPC egress. Protocols
+// differ only in how a refusal is written.
 package admit
 
 import (

@@ -267,46 +267,20 @@ func sendsIdempotencyKey(h *fasthttp.RequestHeader, f httpwire.Fields) bool {
 }
 
 // retry decides whether to retry after failed attempt number attempt
-// (1-based), waits the policy's delay on the clock, and passes the breaker
-// again, returning the retry's ticket. Until it returns true the response
-// holds the failure, which is what the client gets when there is no retry.
-// refused names the control that stopped the retries when the client must
-// be told (retry_budget: the budget is spent); a breaker that opened
-// meanwhile ends them too, but the failure stands for itself.
+// (1-based), with the policy's delay lengthened to what the upstream asked
+// (admit.Retry), and readies the response for the retry's answer. Until
+// it returns true the response holds the failure, which is what the
+// client gets when there is no retry.
 func (e *Egress) retry(ctx *fasthttp.RequestCtx, x *exchange, attempt int, reason string, asked time.Duration) (ticket breaker.Ticket, again bool, refused string) {
-	r := x.r
-	// Checked before ShouldRetry, which charges the budget with a retry
-	// that must then be made.
-	d := r.Retry.DelayAsked(attempt, asked)
-	if !x.req.Deadline.IsZero() && time.Until(x.req.Deadline) <= d {
-		return breaker.Ticket{}, false, "" // the retry could not finish within the timeout
+	// x.wait ends when the client hangs up or the timeout passes.
+	ticket, again, refused = admit.Retry(&x.wait, &x.r.Target, e.opts.Clock, attempt, reason, x.r.Retry.DelayAsked(attempt, asked))
+	if again {
+		ctx.Response.Reset()
+		// Reset turns fasthttp's default Content-Type back on; the next
+		// answer must go to the client as the upstream sent it.
+		ctx.Response.Header.SetNoDefaultContentType(true)
 	}
-	ok, control := r.Retry.ShouldRetry(attempt, reason)
-	if !ok {
-		if control == retry.ControlBudget {
-			return breaker.Ticket{}, false, control
-		}
-		return breaker.Ticket{}, false, ""
-	}
-	if d > 0 {
-		t := e.opts.Clock.NewTimer(d)
-		defer t.Stop()
-		select {
-		case <-t.C():
-		case <-x.wait.Done():
-			return breaker.Ticket{}, false, "" // the client hung up
-		}
-	}
-	ticket, _, ok = r.Breaker.Allow()
-	if !ok {
-		return breaker.Ticket{}, false, ""
-	}
-	r.Stats.Retry()
-	ctx.Response.Reset()
-	// Reset turns fasthttp's default Content-Type back on; the next
-	// answer must go to the client as the upstream sent it.
-	ctx.Response.Header.SetNoDefaultContentType(true)
-	return ticket, true, ""
+	return ticket, again, refused
 }
 
 // retryAfter is the wait a 429 or 503 asked for in its Retry-After (0:
@@ -315,15 +289,7 @@ func (e *Egress) retry(ctx *fasthttp.RequestCtx, x *exchange, attempt int, reaso
 // the policy's max_delay, and is not made when the target's timeout would
 // pass first (Envoy's rate_limited_retry_back_off does as much).
 func (e *Egress) retryAfter(resp *fasthttp.Response) time.Duration {
-	if s := resp.StatusCode(); s != fasthttp.StatusTooManyRequests && s != fasthttp.StatusServiceUnavailable {
-		return 0
-	}
-	v := resp.Header.Peek(fasthttp.HeaderRetryAfter)
-	if len(v) == 0 {
-		return 0
-	}
-	d, _ := retry.ParseRetryAfter(string(v), e.opts.Clock.Now())
-	return d
+	return retry.Asked(resp.StatusCode(), string(resp.Header.Peek(fasthttp.HeaderRetryAfter)), e.opts.Clock.Now())
 }
 
 // failureReason is what non_retryable entries are matched against: the

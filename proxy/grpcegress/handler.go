@@ -13,7 +13,6 @@ import (
 	"time"
 
 	"github.com/warden-dev/warden/governor/breaker"
-	"github.com/warden-dev/warden/governor/retry"
 	"github.com/warden-dev/warden/proxy/admit"
 	"github.com/warden-dev/warden/proxy/respond"
 )
@@ -277,61 +276,34 @@ func pushback(resp *http.Response) time.Duration {
 }
 
 // retry decides whether to retry after failed attempt number attempt
-// (1-based), waits the policy's delay (or the upstream's pushback, when
-// not noPushback) on the clock, and passes the breaker again, returning
-// the retry's ticket and body. refused names the control that stopped the
-// retries when the client must be told (retry_budget); a breaker that
-// opened meanwhile ends them too, and the failure stands for itself.
+// (1-based), after the policy's delay or the upstream's pushback (when not
+// noPushback), up to max_delay (admit.Retry), and returns the retry's
+// ticket and body.
 func (g *Grpc) retry(ctx context.Context, c *call, attempt int, reason string, push time.Duration) (ticket breaker.Ticket, next io.ReadCloser, again bool, refused string) {
-	rt, body := c.rt, c.body
-	if body != nil && !body.resendable() {
-		return breaker.Ticket{}, nil, false, "" // more than retryMax has gone out
-	}
+	rt := c.rt
 	if push == stopPushback {
 		return breaker.Ticket{}, nil, false, "" // the upstream asked not to
 	}
-	// Checked before ShouldRetry, which charges the budget with a retry
-	// that must then be made.
 	d := rt.Retry.Delay(attempt, nil)
 	if push != noPushback {
 		d = rt.Retry.Cap(push) // max_delay holds over the upstream's ask too
 	}
-	if dl, ok := ctx.Deadline(); ok && time.Until(dl) <= d {
-		return breaker.Ticket{}, nil, false, "" // it could not finish within the timeout
-	}
 	if !c.deadline.IsZero() && time.Until(c.deadline) <= d {
-		return breaker.Ticket{}, nil, false, "" // nor within the caller's own deadline
+		return breaker.Ticket{}, nil, false, "" // it could not start within the caller's own deadline
 	}
-	ok, control := rt.Retry.ShouldRetry(attempt, reason)
-	if !ok {
-		if control == retry.ControlBudget {
-			refused = control
-		}
-		return breaker.Ticket{}, nil, false, refused
-	}
-	if d > 0 {
-		t := g.opts.Clock.NewTimer(d)
-		defer t.Stop()
-		select {
-		case <-t.C():
-		case <-ctx.Done():
-			return breaker.Ticket{}, nil, false, "" // the client left, or the timeout passed
-		}
-	}
-	ticket, _, ok = rt.Breaker.Allow()
-	if !ok {
-		return breaker.Ticket{}, nil, false, ""
-	}
-	if body != nil {
-		b, err := body.b.next()
+	if c.body != nil {
+		// Taken before the budget is charged: once more than retryMax has
+		// gone out, the call cannot be sent again.
+		b, err := c.body.b.next()
 		if err != nil {
-			// The abandoned attempt read on past the limit meanwhile.
-			ticket.Done(breaker.Neutral)
 			return breaker.Ticket{}, nil, false, ""
 		}
 		next = b
 	}
-	rt.Stats.Retry()
+	ticket, again, refused = admit.Retry(ctx, &rt.Target, g.opts.Clock, attempt, reason, d)
+	if !again {
+		return breaker.Ticket{}, nil, false, refused
+	}
 	return ticket, next, true, ""
 }
 
@@ -518,12 +490,6 @@ func encodeMessage(msg string) string {
 		b.WriteByte("0123456789ABCDEF"[c&15])
 	}
 	return b.String()
-}
-
-// grpcTimeoutUnits are the units of a grpc-timeout header.
-var grpcTimeoutUnits = map[byte]time.Duration{
-	'H': time.Hour, 'M': time.Minute, 'S': time.Second,
-	'm': time.Millisecond, 'u': time.Microsecond, 'n': time.Nanosecond,
 }
 
 // timeoutUnits are the units of a grpc-timeout header, finest first.

@@ -54,14 +54,6 @@ func newReplayBody(src io.ReadCloser, limit int) (*replayReader, func() (io.Read
 	return &replayReader{b: b}, b.next
 }
 
-// resendable reports whether the body can still be given again from its
-// start.
-func (r *replayReader) resendable() bool {
-	r.b.mu.Lock()
-	defer r.b.mu.Unlock()
-	return !r.b.over
-}
-
 func (b *replayBody) next() (io.ReadCloser, error) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
