@@ -212,6 +212,9 @@ type Scheduler struct {
 type Store struct {
 	Kind string `yaml:"kind" check:"oneof=bbolt|memory|postgres"` // bbolt (default) | postgres | memory
 	URL  string `yaml:"url"`                                      // postgres only
+	// Retention is how long a finished run stays in the store; 0 keeps
+	// every run.
+	Retention time.Duration `yaml:"retention"`
 }
 
 // Definition is a kind of run the worker accepts.

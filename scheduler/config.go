@@ -26,7 +26,8 @@ type config struct {
 	lanes        int
 	workerMax    int
 	storeKind    string
-	storeURL     string // postgres
+	storeURL     string        // postgres
+	retention    time.Duration // finished runs older than this are purged; 0 keeps them
 	defs         map[string]*definition
 	order        []*definition // sorted by name, for stable admission scans
 	semaphores   map[string]int
@@ -74,6 +75,7 @@ func compile(c *governor.Controls, prev *config, clk clock.Clock, m *metrics.Met
 		workerMax:    s.WorkerMaxConcurrent,
 		storeKind:    s.Store.Kind,
 		storeURL:     s.Store.URL,
+		retention:    s.Store.Retention,
 		defs:         map[string]*definition{},
 		semaphores:   map[string]int{},
 	}

@@ -64,3 +64,16 @@ func (s *Scheduler) loadCounts(ctx context.Context) error {
 	}
 	return nil
 }
+
+// purged keeps warden_runs{status} in step with a purge and counts it in
+// warden_runs_purged_total.
+func (s *Scheduler) purged(by map[store.Status]int) {
+	for st, n := range by {
+		if s.gauges != nil {
+			s.gauges[st].Sub(float64(n))
+		}
+		if s.m != nil {
+			s.m.RunsPurged.WithLabelValues(apiStatus(st)).Add(float64(n))
+		}
+	}
+}

@@ -109,7 +109,9 @@ type Scheduler struct {
 	subscribed map[*pool.Pool]bool
 	sweep      clock.Timer
 	sweepAt    int64
-	watch      runWatch // who waits for a run to end (bridge sessions)
+	purgeT     clock.Timer // the next purge of finished runs (purge.go); nil without retention
+	purgeAt    int64       // when purgeT fires, unix nanoseconds
+	watch      runWatch    // who waits for a run to end (bridge sessions)
 
 	runCtx     context.Context // store calls of deliveries; cancelled when a drain runs out of time
 	cancelRuns context.CancelFunc
@@ -336,6 +338,7 @@ func (s *Scheduler) reconfigureLocked(c *governor.Controls, cfg *config) {
 		}
 	}
 	s.armSweepLocked()
+	s.armPurgeLocked(cfg)
 }
 
 // wake asks the admission loop for a pass; it never blocks.
@@ -476,6 +479,10 @@ func (s *Scheduler) beginDrain() {
 	}
 	if s.sweep != nil {
 		s.sweep.Stop()
+	}
+	if s.purgeT != nil {
+		s.purgeT.Stop()
+		s.purgeT, s.purgeAt = nil, 0
 	}
 	inFlight := 0
 	for _, a := range s.active {

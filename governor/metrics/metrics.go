@@ -29,6 +29,7 @@ type Metrics struct {
 
 	Runs              *prometheus.GaugeVec     // status
 	RunQueueWait      *prometheus.HistogramVec // definition
+	RunsPurged        *prometheus.CounterVec   // status
 	BridgeConnections *prometheus.GaugeVec     // bridge, state
 	BridgeWaiting     *prometheus.GaugeVec     // bridge
 	BridgeWait        *prometheus.HistogramVec // bridge
@@ -85,6 +86,9 @@ func New() *Metrics {
 	m.Runs = prometheus.NewGaugeVec(prometheus.GaugeOpts{
 		Name: "warden_runs", Help: "Runs known to this sidecar, by status.",
 	}, []string{"status"})
+	m.RunsPurged = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "warden_runs_purged_total", Help: "Finished runs deleted by scheduler.store.retention, by status.",
+	}, []string{"status"})
 	m.RunQueueWait = prometheus.NewHistogramVec(prometheus.HistogramOpts{
 		Name: "warden_run_queue_wait_seconds", Help: "Time from submission to admission.",
 		Buckets: waitBuckets,
@@ -124,7 +128,7 @@ func New() *Metrics {
 
 	for _, c := range []prometheus.Collector{
 		m.Requests, m.RequestDuration, m.Rejections, m.BreakerState, m.PoolWindowCount,
-		m.PoolInFlight, m.PoolQueued, m.Retries, m.Runs, m.RunQueueWait, m.BridgeConnections,
+		m.PoolInFlight, m.PoolQueued, m.Retries, m.Runs, m.RunsPurged, m.RunQueueWait, m.BridgeConnections,
 		m.BridgeWaiting, m.BridgeWait, m.BridgeReaped, m.PolicyReloads, m.PolicyReloadErrors,
 		m.PolicyInfo, m.BackendDegraded, m.BackendLatency, m.BackendErrors,
 		prometheus.NewGoCollector(), prometheus.NewProcessCollector(prometheus.ProcessCollectorOpts{}),

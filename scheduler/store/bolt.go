@@ -96,6 +96,7 @@ const (
 	opSubmit opKind = iota
 	opUpdate
 	opStart
+	opPurge
 )
 
 type op struct {
@@ -106,6 +107,9 @@ type op struct {
 	adm     Admission // opStart
 	seq     uint64    // opStart
 	retryAt int64     // opStart: RetryAt before the admission
+	before  int64     // opPurge: runs that ended before this go
+	limit   int       // opPurge: at most this many
+	purged  map[Status]int
 	created bool
 	err     error
 	done    chan struct{}
@@ -178,6 +182,21 @@ func (s *Bolt) Start(ctx context.Context, seq uint64, a Admission) (Run, error) 
 		return Run{}, err
 	}
 	return r, nil
+}
+
+// Purge implements Store. It goes through the committer like every write,
+// so a purge never overtakes an update queued before it.
+func (s *Bolt) Purge(ctx context.Context, before int64, limit int) (map[Status]int, error) {
+	o := opPool.Get().(*op)
+	purged := map[Status]int{}
+	*o = op{kind: opPurge, before: before, limit: limit, purged: purged, done: o.done}
+	err := s.do(ctx, o)
+	o.purged = nil
+	opPool.Put(o)
+	if err != nil {
+		return nil, err
+	}
+	return purged, nil
 }
 
 // StartAsync implements AsyncStarter. The run is read from the last
@@ -266,6 +285,8 @@ func (s *Bolt) commit(batch []*op) {
 				err = updateTx(runs, status, o, &counts)
 			case opStart:
 				err = startTx(runs, status, o, &counts)
+			case opPurge:
+				err = purgeTx(runs, status, idem, o, &counts)
 			}
 			if err != nil {
 				return err
@@ -277,6 +298,7 @@ func (s *Bolt) commit(batch []*op) {
 		if err != nil {
 			o.err = fmt.Errorf("commit runs: %w", err)
 			o.created = false
+			clear(o.purged)
 		}
 		if cb := o.cb; cb != nil {
 			e := o.err
@@ -393,6 +415,60 @@ func startTx(runs, status *bolt.Bucket, o *op, counts *[maxStatus + 1]uint64) er
 	}
 	counts[Queued]--
 	counts[Starting]++
+	return nil
+}
+
+// purgeTx deletes the runs that ended before o.before, in sequence order.
+// Sequences follow creation, and a run ends after it was created, so the
+// scan stops at the first run created at or after o.before: what it reads
+// beyond the runs it deletes are only older runs still unfinished or that
+// ended after o.before.
+func purgeTx(runs, status, idem *bolt.Bucket, o *op, counts *[maxStatus + 1]uint64) error {
+	type victim struct {
+		seq uint64
+		st  Status
+		ik  []byte
+	}
+	var gone []victim
+	var r Run
+	c := runs.Cursor()
+	for k, v := c.First(); k != nil && len(gone) < o.limit; k, v = c.Next() {
+		seq := binary.BigEndian.Uint64(k)
+		if err := Decode(v, &r, false); err != nil {
+			return fmt.Errorf("run %d: %w", seq, err)
+		}
+		if r.CreatedAt >= o.before {
+			break
+		}
+		if !r.Status.Terminal() || r.FinishedAt >= o.before {
+			continue
+		}
+		g := victim{seq: seq, st: r.Status}
+		if r.IdempotencyKey != "" {
+			g.ik = []byte(idemKey(r.Name, r.IdempotencyKey))
+		}
+		gone = append(gone, g)
+	}
+	// Deleted after the scan: a bbolt cursor may skip the key after one
+	// it deleted.
+	for _, g := range gone {
+		k := seqKey(g.seq)
+		if err := runs.Delete(k); err != nil {
+			return err
+		}
+		if err := status.Delete(statusKey(g.st, g.seq)); err != nil {
+			return err
+		}
+		if g.ik != nil {
+			if v := idem.Get(g.ik); v != nil && binary.BigEndian.Uint64(v) == g.seq {
+				if err := idem.Delete(g.ik); err != nil {
+					return err
+				}
+			}
+		}
+		counts[g.st]--
+		o.purged[g.st]++
+	}
 	return nil
 }
 

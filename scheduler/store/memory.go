@@ -216,6 +216,43 @@ func (m *Memory) Counts(context.Context) (map[Status]int, error) {
 	return out, nil
 }
 
+// Purge implements Store.
+func (m *Memory) Purge(_ context.Context, before int64, limit int) (map[Status]int, error) {
+	if m.closed.Load() {
+		return nil, ErrClosed
+	}
+	out := map[Status]int{}
+	// idemMu first, as Submit takes it: a submit with the key of a run
+	// being purged then either finds the run or creates a new one, never
+	// a key pointing at nothing.
+	m.idemMu.Lock()
+	defer m.idemMu.Unlock()
+	n := 0
+	for i := range m.shards {
+		sh := &m.shards[i]
+		sh.mu.Lock()
+		for seq, r := range sh.runs {
+			if n == limit {
+				break
+			}
+			if !r.Status.Terminal() || r.FinishedAt >= before {
+				continue
+			}
+			delete(sh.runs, seq)
+			if r.IdempotencyKey != "" {
+				if k := idemKey(r.Name, r.IdempotencyKey); m.idem[k] == seq {
+					delete(m.idem, k)
+				}
+			}
+			m.counts[r.Status].Add(-1)
+			out[r.Status]++
+			n++
+		}
+		sh.mu.Unlock()
+	}
+	return out, nil
+}
+
 // Close implements Store.
 func (m *Memory) Close() error {
 	m.closed.Store(true)

@@ -212,6 +212,13 @@ type Store interface {
 	Unfinished(ctx context.Context, fn func(*Run) error) error
 	// Counts returns how many runs are in each status.
 	Counts(ctx context.Context) (map[Status]int, error)
+	// Purge deletes at most limit runs that ended (a terminal status)
+	// before the unix-nanosecond time before, with their idempotency keys,
+	// and returns how many it deleted of each status. Unfinished runs are
+	// never deleted, however old. A store may stop looking at the first
+	// run created at or after before (none after it can have ended before
+	// it), so fewer than limit deleted means nothing is left to purge.
+	Purge(ctx context.Context, before int64, limit int) (map[Status]int, error)
 	// Close flushes pending writes and releases the store.
 	Close() error
 }

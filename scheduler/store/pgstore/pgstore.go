@@ -400,9 +400,18 @@ func (s *Store) Counts(ctx context.Context) (map[store.Status]int, error) {
 	if err := s.check(); err != nil {
 		return nil, err
 	}
-	rows, err := s.pool.Query(ctx, "SELECT status, count(*) FROM warden_runs GROUP BY status")
+	out, err := s.statusCounts(ctx, "SELECT status, count(*) FROM warden_runs GROUP BY status")
 	if err != nil {
 		return nil, fmt.Errorf("count runs: %w", err)
+	}
+	return out, nil
+}
+
+// statusCounts runs a query that returns (status, count) rows.
+func (s *Store) statusCounts(ctx context.Context, sql string, args ...any) (map[store.Status]int, error) {
+	rows, err := s.pool.Query(ctx, sql, args...)
+	if err != nil {
+		return nil, err
 	}
 	defer rows.Close()
 	out := map[store.Status]int{}
@@ -410,11 +419,41 @@ func (s *Store) Counts(ctx context.Context) (map[store.Status]int, error) {
 		var st int16
 		var n int64
 		if err := rows.Scan(&st, &n); err != nil {
-			return nil, fmt.Errorf("count runs: %w", err)
+			return nil, err
 		}
 		out[store.Status(st)] = int(n)
 	}
-	return out, rows.Err()
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+// terminalSQL selects the statuses of runs that ended, as the
+// warden_runs_finished index's predicate does (5 is store.Completed).
+const terminalSQL = "status >= 5"
+
+// Purge implements store.Store. The oldest-ended runs go first, with any
+// permit row still naming them; several sidecars may purge at once, each
+// passing over the rows another is deleting.
+func (s *Store) Purge(ctx context.Context, before int64, limit int) (map[store.Status]int, error) {
+	ctx, cancel := bound(ctx)
+	defer cancel()
+	if err := s.check(); err != nil {
+		return nil, err
+	}
+	out, err := s.statusCounts(ctx, `
+		WITH gone AS (
+			DELETE FROM warden_runs WHERE seq IN (
+				SELECT seq FROM warden_runs WHERE `+terminalSQL+` AND finished_at < $1
+				ORDER BY finished_at LIMIT $2 FOR UPDATE SKIP LOCKED)
+			RETURNING seq, status),
+		permits AS (DELETE FROM warden_permits WHERE seq IN (SELECT seq FROM gone))
+		SELECT status, count(*) FROM gone GROUP BY status`, before, limit)
+	if err != nil {
+		return nil, fmt.Errorf("purge runs: %w", err)
+	}
+	return out, nil
 }
 
 // Close implements store.Store: the pool's connections close; committed

@@ -29,6 +29,7 @@ func Run(t *testing.T, f Factory) {
 	t.Run("ListByStatus", func(t *testing.T) { listByStatus(t, f) })
 	t.Run("UnfinishedAndCounts", func(t *testing.T) { unfinished(t, f) })
 	t.Run("ConcurrentSubmits", func(t *testing.T) { concurrent(t, f) })
+	t.Run("Purge", func(t *testing.T) { purge(t, f) })
 	if f.Reopen != nil {
 		t.Run("Durable", func(t *testing.T) { durable(t, f) })
 	}
@@ -336,4 +337,118 @@ func durable(t *testing.T, f Factory) {
 	if counts[store.Queued] != 5 || counts[store.Completed] != 1 {
 		t.Fatalf("counts after reopen: %v", counts)
 	}
+}
+
+// purge: runs that ended before the cut go, with their idempotency keys;
+// runs that ended after it and unfinished runs of any age stay; limit
+// bounds one call.
+func purge(t *testing.T, f Factory) {
+	s := f.Open(t)
+	defer s.Close()
+	const cut = 5000
+	type want struct {
+		seq  uint64
+		kept bool
+	}
+	var runs []want
+	add := func(i int, st store.Status, finished int64, idem string) uint64 {
+		t.Helper()
+		r := newRun("sync", i)
+		r.IdempotencyKey = idem
+		if _, err := s.Submit(ctx, r); err != nil {
+			t.Fatal(err)
+		}
+		if st != store.Queued {
+			r.Status, r.FinishedAt = st, finished
+			if err := s.Update(ctx, r, store.Of(store.Queued)); err != nil {
+				t.Fatal(err)
+			}
+		}
+		runs = append(runs, want{r.Seq, !st.Terminal() || finished >= cut})
+		return r.Seq
+	}
+	add(1, store.Completed, 2000, "k-old") // ended long before the cut: goes
+	add(2, store.Queued, 0, "")            // old, waiting: stays
+	add(3, store.Failed, 4999, "")         // just before: goes
+	add(4, store.Running, 0, "")           // old, running: stays
+	add(5, store.TimedOut, cut, "")        // at the cut: stays
+	add(6, store.FailedTerminal, 3000, "") // goes
+	add(7, store.Completed, 9000, "k-new") // ended after the cut: stays
+	add(8, store.RetryWait, 0, "")         // stays
+	add(9, store.Completed, 4000, "")      // goes
+	before, err := s.Counts(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	got, err := s.Purge(ctx, cut, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if total(got) != 1 {
+		t.Fatalf("Purge with limit 1 deleted %v", got)
+	}
+	rest, err := s.Purge(ctx, cut, 100)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for st, n := range rest {
+		got[st] += n
+	}
+	wantGone := map[store.Status]int{store.Completed: 2, store.Failed: 1, store.FailedTerminal: 1}
+	for _, st := range store.All {
+		if got[st] != wantGone[st] {
+			t.Fatalf("purged %v, want %v", got, wantGone)
+		}
+	}
+	if again, err := s.Purge(ctx, cut, 100); err != nil || total(again) != 0 {
+		t.Fatalf("a second purge deleted %v (%v)", again, err)
+	}
+	for _, w := range runs {
+		_, err := s.Get(ctx, w.seq)
+		if w.kept && err != nil {
+			t.Errorf("run %d: %v, want it kept", w.seq, err)
+		}
+		if !w.kept && !errors.Is(err, store.ErrNotFound) {
+			t.Errorf("run %d: err %v, want ErrNotFound after the purge", w.seq, err)
+		}
+	}
+	after, err := s.Counts(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, st := range store.All {
+		if after[st] != before[st]-wantGone[st] {
+			t.Errorf("count of %s: %d, want %d", st, after[st], before[st]-wantGone[st])
+		}
+	}
+	// The purged run's key is free again; the kept run's still answers.
+	old := newRun("sync", 10)
+	old.IdempotencyKey = "k-old"
+	if created, err := s.Submit(ctx, old); err != nil || !created {
+		t.Fatalf("submit with a purged run's key: created=%v err=%v, want a new run", created, err)
+	}
+	if old.Seq <= runs[len(runs)-1].seq {
+		t.Fatalf("new run got seq %d, not after every earlier run (%d): ids must not be reused", old.Seq, runs[len(runs)-1].seq)
+	}
+	kept := newRun("sync", 11)
+	kept.IdempotencyKey = "k-new"
+	if created, err := s.Submit(ctx, kept); err != nil || created || kept.Seq != runs[6].seq {
+		t.Fatalf("submit with a kept run's key: created=%v seq=%d err=%v, want run %d", created, kept.Seq, err, runs[6].seq)
+	}
+	lst, err := s.List(ctx, store.Query{Limit: 100})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(lst) != 6 {
+		t.Fatalf("List after the purge: %d runs, want 6", len(lst))
+	}
+}
+
+func total(m map[store.Status]int) int {
+	n := 0
+	for _, v := range m {
+		n += v
+	}
+	return n
 }
