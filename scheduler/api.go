@@ -189,16 +189,28 @@ func unknownDefinition(cfg *config, name string) error {
 	return badRequest("unknown definition %q; defined: %s", name, strings.Join(names, ", "))
 }
 
-// Get returns a run.
-func (s *Scheduler) Get(ctx context.Context, id string) (RunView, error) {
+// enterID admits an API call on the run id: ErrStopped while the
+// scheduler is stopped, ErrNotFound for an id that cannot name a run. The
+// caller calls s.leave when err is nil.
+func (s *Scheduler) enterID(id string) (uint64, error) {
 	if !s.enter() {
-		return RunView{}, ErrStopped
+		return 0, ErrStopped
 	}
-	defer s.leave()
 	seq, ok := parseID(id)
 	if !ok {
-		return RunView{}, ErrNotFound
+		s.leave()
+		return 0, ErrNotFound
 	}
+	return seq, nil
+}
+
+// Get returns a run.
+func (s *Scheduler) Get(ctx context.Context, id string) (RunView, error) {
+	seq, err := s.enterID(id)
+	if err != nil {
+		return RunView{}, err
+	}
+	defer s.leave()
 	return s.view(ctx, seq)
 }
 

@@ -108,6 +108,30 @@ func parseComplete(body []byte) (completeBody, error) {
 	return out, nil
 }
 
+// maxCancelReason bounds a cancellation's reason, as the worker's reasons
+// are bounded by the body limit.
+const maxCancelReason = 4096
+
+// parseCancel reads a cancel body: none at all, or {"reason":"..."}.
+func parseCancel(body []byte) (string, error) {
+	if len(bytes.TrimSpace(body)) == 0 {
+		return "", nil
+	}
+	var raw struct {
+		Reason *string `json:"reason"`
+	}
+	if err := decodeStrict(body, &raw, "reason", `{"reason":"superseded by run 42"}`); err != nil {
+		return "", err
+	}
+	if raw.Reason == nil {
+		return "", nil
+	}
+	if len(*raw.Reason) > maxCancelReason {
+		return "", badRequest(`"reason" is %d bytes; the limit is %d`, len(*raw.Reason), maxCancelReason)
+	}
+	return *raw.Reason, nil
+}
+
 // decodeStrict decodes one JSON object into v and turns encoding/json's
 // errors into messages a caller can act on.
 func decodeStrict(body []byte, v any, fields, example string) error {

@@ -23,12 +23,22 @@ func TestParseSubmit(t *testing.T) {
 
 // FuzzParseSubmit: every body is either a *BadRequest or a submission with
 // a name and an input that is valid JSON; never a panic or another error.
+// The same bodies go to the cancel parser: a *BadRequest or a bounded
+// reason.
 func FuzzParseSubmit(f *testing.F) {
 	for _, s := range []string{`{"name":"a","input":{"x":1},"priority":2,"idempotency_key":"k"}`, `{"name":""}`,
 		`{"name":"a","input":null}`, `[]`, `{"name":"a"} x`, `{"name":"a","priority":99999999999}`, "{\"name\":\"\xff\"}"} {
 		f.Add([]byte(s))
 	}
 	f.Fuzz(func(t *testing.T, body []byte) {
+		if reason, err := parseCancel(body); err != nil {
+			var bad *BadRequest
+			if !errors.As(err, &bad) || bad.Msg == "" {
+				t.Fatalf("cancel: error %v is not a BadRequest with a message", err)
+			}
+		} else if len(reason) > maxCancelReason {
+			t.Fatalf("cancel: a reason of %d bytes accepted", len(reason))
+		}
 		b, err := parseSubmit(body)
 		if err != nil {
 			var bad *BadRequest
@@ -45,6 +55,36 @@ func FuzzParseSubmit(f *testing.F) {
 			t.Fatal("complete without a status accepted")
 		}
 	})
+}
+
+func TestParseCancel(t *testing.T) {
+	tests := []struct {
+		body, reason, err string
+	}{
+		{"", "", ""},
+		{"  \n", "", ""},
+		{`{}`, "", ""},
+		{`{"reason":"superseded"}`, "superseded", ""},
+		{`{"reason":null}`, "", ""},
+		{`{"Reason":"x"}`, "", `unknown field "Reason"`},
+		{`{"reason":1}`, "", `"reason"`},
+		{`{"reason":"a","reason":"b"}`, "", `"reason"`},
+		{`{"reason":"` + strings.Repeat("x", maxCancelReason+1) + `"}`, "", "the limit is 4096"},
+		{`[]`, "", ""},
+	}
+	for _, tt := range tests {
+		reason, err := parseCancel([]byte(tt.body))
+		switch {
+		case tt.body == `[]`:
+			if err == nil {
+				t.Errorf("%.40q: accepted", tt.body)
+			}
+		case tt.err == "" && (err != nil || reason != tt.reason):
+			t.Errorf("%.40q: reason %q err %v, want %q", tt.body, reason, err, tt.reason)
+		case tt.err != "" && (err == nil || !strings.Contains(err.Error(), tt.err)):
+			t.Errorf("%.40q: err %v, want one naming %s", tt.body, err, tt.err)
+		}
+	}
 }
 
 // Field names are exact: encoding/json alone would take "Name" or

@@ -18,6 +18,7 @@ import (
 //	GET  {prefix}/{id}            get
 //	POST {prefix}/{id}/complete   complete
 //	POST {prefix}/{id}/heartbeat  heartbeat
+//	POST {prefix}/{id}/cancel     cancel
 //
 // The ingress listener mounts it after its per-tenant cap, so a tenant over
 // its cap gets the 429 before reaching the scheduler.
@@ -77,6 +78,18 @@ func (s *Scheduler) serve(c *fasthttp.RequestCtx) {
 			return
 		}
 		v, err := s.Get(ctx, parts[0])
+		s.reply(c, fasthttp.StatusOK, v, err, parts[0])
+	case len(parts) == 2 && parts[1] == "cancel":
+		if !c.IsPost() {
+			methodNotAllowed(c, "POST")
+			return
+		}
+		reason, err := parseCancel(c.PostBody())
+		if err != nil {
+			s.reply(c, 0, nil, err, parts[0])
+			return
+		}
+		v, err := s.Cancel(ctx, parts[0], reason)
 		s.reply(c, fasthttp.StatusOK, v, err, parts[0])
 	case len(parts) == 2 && (parts[1] == "complete" || parts[1] == "heartbeat"):
 		if !c.IsPost() {

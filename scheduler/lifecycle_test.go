@@ -340,7 +340,8 @@ func TestBadRequests(t *testing.T) {
 		{"DELETE", "/1", ``, "not allowed", 405},
 		{"POST", "/1/complete", `{"status":"DONE"}`, `want COMPLETED, FAILED or FAILED_WITH_TERMINAL_ERROR`, 400},
 		{"POST", "/1/complete", `{}`, `missing "status"`, 400},
-		{"POST", "/1/cancel", ``, "no such endpoint", 404},
+		{"POST", "/1/pause", ``, "no such endpoint", 404},
+		{"POST", "/1/cancel", `{"reason":7}`, `field "reason"`, 400},
 	}
 	for _, tc := range tests {
 		r := h.do(tc.method, tc.path, tc.body)

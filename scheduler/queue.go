@@ -154,6 +154,17 @@ func (q *queue) admit(d *defQueue) entry {
 	return e
 }
 
+// find looks a waiting run up by its sequence: a scan of the slab, since
+// only a cancellation needs it (a million waiting runs: milliseconds).
+func (q *queue) find(seq uint64) (handle, bool) {
+	for i := range q.slab {
+		if e := &q.slab[i]; e.g != nil && e.seq == seq {
+			return handle(i), true
+		}
+	}
+	return 0, false
+}
+
 // remove takes a waiting run out of the queue wherever it is (a
 // schedule_to_start timeout). Its heap item goes stale.
 func (q *queue) remove(h handle) entry {

@@ -45,12 +45,14 @@ const (
 	Failed
 	FailedTerminal
 	TimedOut
-	maxStatus = TimedOut
+	Cancelled
+	maxStatus = Cancelled
 )
 
 var statusNames = [...]string{
 	Queued: "QUEUED", Starting: "STARTING", Running: "RUNNING", RetryWait: "RETRY_WAIT",
 	Completed: "COMPLETED", Failed: "FAILED", FailedTerminal: "FAILED_WITH_TERMINAL_ERROR", TimedOut: "TIMED_OUT",
+	Cancelled: "CANCELLED",
 }
 
 func (s Status) String() string {
@@ -78,7 +80,7 @@ func (s Status) Terminal() bool { return s >= Completed && s <= maxStatus }
 var Unfinished = []Status{Queued, Starting, Running, RetryWait}
 
 // All lists every status.
-var All = []Status{Queued, Starting, Running, RetryWait, Completed, Failed, FailedTerminal, TimedOut}
+var All = []Status{Queued, Starting, Running, RetryWait, Completed, Failed, FailedTerminal, TimedOut, Cancelled}
 
 // Statuses is a set of statuses, the expected current status of an Update.
 type Statuses uint16

@@ -1,0 +1,157 @@
+package scheduler
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/warden-dev/warden/scheduler/store"
+)
+
+// ControlCancelled names what ended a cancelled run.
+const ControlCancelled = "cancelled"
+
+// cancelTries bounds how often Cancel looks again after losing a race
+// with another transition of the run (an admission, a retry wait ending).
+const cancelTries = 8
+
+// Cancel ends a run that has not finished: CANCELLED, control "cancelled",
+// reason as given. A waiting run leaves the queue; a run in RETRY_WAIT is
+// not retried; a run being delivered has its request to the worker
+// aborted, and one the worker accepted (202) is ended here: the worker's
+// next heartbeat or complete gets 409 naming CANCELLED. Its lane, key,
+// pool slot and permits are freed at once and its bridge sessions closed.
+// A finished run is a Conflict. With a shared store, a run another sidecar
+// is delivering must be cancelled through that sidecar.
+func (s *Scheduler) Cancel(ctx context.Context, id, reason string) (RunView, error) {
+	seq, err := s.enterID(id)
+	if err != nil {
+		return RunView{}, err
+	}
+	defer s.leave()
+	if reason == "" {
+		reason = "cancelled through the API"
+	}
+	for range cancelTries {
+		done, err := s.cancelOnce(ctx, seq, reason)
+		if err != nil {
+			return RunView{}, err
+		}
+		if done {
+			return s.view(ctx, seq)
+		}
+	}
+	v, err := s.view(ctx, seq)
+	if err == nil {
+		err = &Conflict{Msg: fmt.Sprintf("run %s kept changing state (now %s); try again", id, v.Status)}
+	}
+	return v, err
+}
+
+// cancelOnce tries to cancel seq where it is now. done false: the run
+// moved meanwhile, look again.
+func (s *Scheduler) cancelOnce(ctx context.Context, seq uint64, reason string) (bool, error) {
+	s.mu.Lock()
+	if a := s.active[seq]; a != nil {
+		s.mu.Unlock()
+		if a.getPhase() == phaseAdmitted {
+			// Its STARTING record is being written, within a group
+			// commit: once written it is delivering (and cancelled
+			// below), if the write fails it is queued again.
+			return false, pause(ctx)
+		}
+		if s.finish(a, store.Cancelled, nil, reason, ControlCancelled) {
+			return true, nil
+		}
+		// Ended or left for a retry wait meanwhile; the loop lets it go.
+		return false, pause(ctx)
+	}
+	var from store.Status
+	if t, ok := s.waits[seq]; ok {
+		t.Stop()
+		delete(s.waits, seq)
+		from = store.RetryWait
+	} else if h, ok := s.q.find(seq); ok {
+		e := s.q.remove(h)
+		if cfg := s.cfgPtr.Load(); cfg != nil {
+			if d := cfg.defs[e.g.q.name]; d != nil {
+				s.armSTSLocked(d)
+			}
+		}
+		from = store.Queued
+	}
+	s.mu.Unlock()
+	r, err := s.st.Get(ctx, seq)
+	switch {
+	case errors.Is(err, store.ErrNotFound):
+		return false, ErrNotFound
+	case err != nil:
+		return false, fmt.Errorf("load run: %w", err)
+	case r.Status.Terminal():
+		return false, &Conflict{Msg: fmt.Sprintf("run %s is already %s", formatID(seq), r.Status)}
+	case r.Status == store.Starting || r.Status == store.Running:
+		if s.shared != nil {
+			return false, &Conflict{Msg: fmt.Sprintf("run %s is RUNNING on another sidecar sharing the queue: cancel it through the sidecar that delivered it", formatID(seq))}
+		}
+		// Admitted by this sidecar since the look above.
+		return false, pause(ctx)
+	}
+	if from == 0 {
+		// Not in this sidecar's index: a shared store's queue, a retry
+		// wait a drain left without its timer, or a run between its
+		// store write and the index.
+		from = r.Status
+	}
+	if r.Status != from {
+		// Moved on between the index and the read: a retry wait whose
+		// requeue is under way (it queues the run itself).
+		return false, nil
+	}
+	r.Status, r.FinishedAt, r.Reason, r.Control = store.Cancelled, s.clk.Now().UnixNano(), reason, ControlCancelled
+	r.RetryAt = 0
+	if err := s.st.Update(ctx, &r, store.Of(from)); err != nil {
+		if errors.Is(err, store.ErrConflict) {
+			return false, nil // admitted, requeued or ended meanwhile
+		}
+		s.restore(from, r.Seq)
+		return false, fmt.Errorf("record the cancellation: %w", err)
+	}
+	s.moved(from, store.Cancelled)
+	s.ended(seq)
+	return true, nil
+}
+
+// restore puts a run Cancel took out of the queue or its retry wait back
+// where the store says it is, when the cancellation did not happen.
+func (s *Scheduler) restore(from store.Status, seq uint64) {
+	r, err := s.st.Get(context.Background(), seq)
+	if err != nil || r.Status != from {
+		return
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	switch from {
+	case store.Queued:
+		if _, queued := s.q.find(seq); !queued && s.active[seq] == nil {
+			s.enqueueLocked(&r)
+		}
+	case store.RetryWait:
+		if _, waiting := s.waits[seq]; !waiting && !s.draining && !s.closed {
+			s.waits[seq] = s.clk.AfterFunc(max(0, time.Duration(r.RetryAt-s.clk.Now().UnixNano())), func() { s.requeue(seq) })
+		}
+	}
+}
+
+// pause lets a transition in progress land before Cancel looks again: a
+// STARTING write is one group commit.
+func pause(ctx context.Context) error {
+	t := time.NewTimer(time.Millisecond)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
