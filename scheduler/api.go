@@ -242,8 +242,10 @@ func (s *Scheduler) view(ctx context.Context, seq uint64) (RunView, error) {
 }
 
 // List returns runs in id order, optionally of one status (the API's
-// names; RUNNING includes runs being started), after id after.
-func (s *Scheduler) List(ctx context.Context, status string, after uint64, limit int) ([]RunView, error) {
+// names; RUNNING includes runs being started), of one definition, of one
+// key, after id after.
+func (s *Scheduler) List(ctx context.Context, f ListFilter) ([]RunView, error) {
+	status, after, limit := f.Status, f.After, f.Limit
 	if !s.enter() {
 		return nil, ErrStopped
 	}
@@ -268,12 +270,12 @@ func (s *Scheduler) List(ctx context.Context, status string, after uint64, limit
 	var runs []store.Run
 	if len(sts) == 0 {
 		var err error
-		if runs, err = s.st.List(ctx, store.Query{After: after, Limit: limit}); err != nil {
+		if runs, err = s.st.List(ctx, store.Query{Name: f.Name, Key: f.Key, After: after, Limit: limit}); err != nil {
 			return nil, err
 		}
 	}
 	for _, st := range sts {
-		part, err := s.st.List(ctx, store.Query{Status: st, After: after, Limit: limit})
+		part, err := s.st.List(ctx, store.Query{Status: st, Name: f.Name, Key: f.Key, After: after, Limit: limit})
 		if err != nil {
 			return nil, err
 		}
@@ -303,6 +305,15 @@ func (s *Scheduler) List(ctx context.Context, status string, after uint64, limit
 		s.sharedControls(ctx, out, now)
 	}
 	return out, nil
+}
+
+// ListFilter selects the runs List returns; zero fields select all.
+type ListFilter struct {
+	Status string // an API status name
+	Name   string // a definition
+	Key    string // a resolved key (key_concurrency's)
+	After  uint64 // runs with a later id
+	Limit  int
 }
 
 // Completion is what a worker reports for a run it accepted with 202.

@@ -14,7 +14,7 @@ import (
 // request, so a reload that moves the prefix takes effect at once):
 //
 //	POST {prefix}                 submit         → 202
-//	GET  {prefix}?status=&after=&limit=  list
+//	GET  {prefix}?status=&name=&key=&after=&limit=  list
 //	GET  {prefix}/{id}            get
 //	POST {prefix}/{id}/complete   complete
 //	POST {prefix}/{id}/heartbeat  heartbeat
@@ -156,7 +156,8 @@ func (s *Scheduler) serveList(ctx context.Context, c *fasthttp.RequestCtx) {
 		}
 		after = seq
 	}
-	runs, err := s.List(ctx, string(args.Peek("status")), after, limit)
+	runs, err := s.List(ctx, ListFilter{Status: string(args.Peek("status")), Name: string(args.Peek("name")),
+		Key: string(args.Peek("key")), After: after, Limit: limit})
 	s.reply(c, fasthttp.StatusOK, runs, err, "")
 }
 

@@ -386,3 +386,51 @@ func TestListByStatus(t *testing.T) {
 	h.waitStatus(ids[3], "COMPLETED")
 	_ = context.Background
 }
+
+// GET {path_prefix}?name=&key= lists one definition's runs, or one key's,
+// with status and paging as usual.
+func TestListByNameAndKey(t *testing.T) {
+	w := newWorker(t, nil)
+	h := newHarness(t, policyYAML(w.srv.URL, `
+  definitions:
+    sync: { key: "${input.tenant}" }
+    report: {}`, ""))
+	var ids []string
+	for _, body := range []string{
+		`{"name":"sync","input":{"tenant":"acme"}}`, `{"name":"report"}`, `{"name":"sync","input":{"tenant":"globex"}}`,
+		`{"name":"sync","input":{"tenant":"acme"}}`, `{"name":"report"}`,
+	} {
+		ids = append(ids, h.submit(body).ID)
+	}
+	for _, id := range ids {
+		h.waitStatus(id, "COMPLETED")
+	}
+	tests := []struct {
+		query string
+		want  []int
+	}{
+		{"?name=report", []int{1, 4}},
+		{"?name=sync&key=acme", []int{0, 3}},
+		{"?key=globex", []int{2}},
+		{"?name=sync&status=COMPLETED&limit=1&after=" + ids[0], []int{2}},
+		{"?name=sync&status=QUEUED", nil},
+		{"?name=nope", nil},
+	}
+	for _, tt := range tests {
+		var got []RunView
+		r := h.do("GET", tt.query, "")
+		if r.code != 200 || jsonUnmarshal(r.body, &got) != nil {
+			t.Fatalf("%s: %d %s", tt.query, r.code, r.body)
+		}
+		var gotIDs, wantIDs []string
+		for _, v := range got {
+			gotIDs = append(gotIDs, v.ID)
+		}
+		for _, i := range tt.want {
+			wantIDs = append(wantIDs, ids[i])
+		}
+		if strings.Join(gotIDs, ",") != strings.Join(wantIDs, ",") {
+			t.Errorf("%s: listed %v, want %v", tt.query, gotIDs, wantIDs)
+		}
+	}
+}

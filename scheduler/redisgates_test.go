@@ -603,14 +603,14 @@ func TestRedisAdmissionNeverHoldsTheLock(t *testing.T) {
 	<-proxy.Held() // its admission is on the wire, held back
 	done := make(chan error, 1)
 	go func() {
-		runs, err := sc.s.List(context.Background(), "", 0, 10)
+		runs, err := sc.s.List(context.Background(), ListFilter{Limit: 10})
 		if err == nil && (len(runs) != 2 || runs[1].Status != "QUEUED") {
 			err = fmt.Errorf("runs while the admission waits on Redis: %+v, want the held one QUEUED", runs)
 		}
 		if err == nil {
 			submit(`{"r":2}`)
 			for end := time.Now().Add(3 * time.Second); err == nil && len(runs) < 3 && time.Now().Before(end); {
-				runs, err = sc.s.List(context.Background(), "", 0, 10)
+				runs, err = sc.s.List(context.Background(), ListFilter{Limit: 10})
 			}
 			if err == nil && len(runs) < 3 {
 				err = errors.New("the second submission's run was not stored while Redis was held")

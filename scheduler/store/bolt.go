@@ -529,8 +529,18 @@ func (s *Bolt) List(_ context.Context, q Query) ([]Run, error) {
 	var out []Run
 	err := s.db.View(func(tx *bolt.Tx) error {
 		runs := tx.Bucket(bucketRuns)
+		filtered := q.Name != "" || q.Key != ""
 		add := func(seq uint64, v []byte) error {
 			var r Run
+			if filtered {
+				// Filter on the fields before copying the payloads.
+				if err := Decode(v, &r, false); err != nil {
+					return fmt.Errorf("run %d: %w", seq, err)
+				}
+				if !q.Matches(&r) {
+					return nil
+				}
+			}
 			if err := Decode(v, &r, true); err != nil {
 				return fmt.Errorf("run %d: %w", seq, err)
 			}

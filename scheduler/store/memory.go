@@ -93,7 +93,7 @@ func (m *Memory) List(_ context.Context, q Query) ([]Run, error) {
 	}
 	var out []Run
 	m.each(func(r *Run) {
-		if r.Seq > q.After && (q.Status == 0 || r.Status == q.Status) {
+		if r.Seq > q.After && (q.Status == 0 || r.Status == q.Status) && q.Matches(r) {
 			out = append(out, *r)
 		}
 	})

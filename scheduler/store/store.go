@@ -181,8 +181,15 @@ type AsyncStarter interface {
 // Query selects runs for List.
 type Query struct {
 	Status Status // 0: any
+	Name   string // definition; "": any
+	Key    string // resolved key; "": any
 	After  uint64 // runs with Seq > After
 	Limit  int
+}
+
+// Matches reports whether r passes q's name and key filters.
+func (q Query) Matches(r *Run) bool {
+	return (q.Name == "" || r.Name == q.Name) && (q.Key == "" || r.Key == q.Key)
 }
 
 // Store keeps runs. Methods are safe for concurrent use; Submit and Update

@@ -243,8 +243,9 @@ func (s *Store) List(ctx context.Context, q store.Query) ([]store.Run, error) {
 		limit = &n
 	}
 	rows, err := s.pool.Query(ctx, "SELECT "+runCols+` FROM warden_runs
-		WHERE ($1 = 0 OR status = $1) AND seq > $2 ORDER BY seq LIMIT $3`,
-		int16(q.Status), int64(q.After), limit)
+		WHERE ($1 = 0 OR status = $1) AND seq > $2 AND ($4 = '' OR name = $4) AND ($5 = '' OR key = $5)
+		ORDER BY seq LIMIT $3`,
+		int16(q.Status), int64(q.After), limit, q.Name, q.Key)
 	if err != nil {
 		return nil, fmt.Errorf("list runs: %w", err)
 	}

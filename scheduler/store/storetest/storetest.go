@@ -27,6 +27,7 @@ func Run(t *testing.T, f Factory) {
 	t.Run("UpdateConflict", func(t *testing.T) { updateConflict(t, f) })
 	t.Run("Start", func(t *testing.T) { start(t, f) })
 	t.Run("ListByStatus", func(t *testing.T) { listByStatus(t, f) })
+	t.Run("ListByNameAndKey", func(t *testing.T) { listByNameAndKey(t, f) })
 	t.Run("UnfinishedAndCounts", func(t *testing.T) { unfinished(t, f) })
 	t.Run("ConcurrentSubmits", func(t *testing.T) { concurrent(t, f) })
 	t.Run("Purge", func(t *testing.T) { purge(t, f) })
@@ -451,4 +452,60 @@ func total(m map[store.Status]int) int {
 		n += v
 	}
 	return n
+}
+
+// listByNameAndKey: the definition and key filters combine with status
+// and paging.
+func listByNameAndKey(t *testing.T, f Factory) {
+	s := f.Open(t)
+	defer s.Close()
+	var seqs []uint64
+	for i := range 12 {
+		name := "sync"
+		if i%3 == 0 {
+			name = "report"
+		}
+		r := newRun(name, i) // key k0..k3 by i%4
+		if _, err := s.Submit(ctx, r); err != nil {
+			t.Fatal(err)
+		}
+		seqs = append(seqs, r.Seq)
+		if i >= 8 {
+			r.Status = store.Completed
+			if err := s.Update(ctx, r, store.Of(store.Queued)); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	tests := []struct {
+		name string
+		q    store.Query
+		want []int // indexes into seqs
+	}{
+		{"name", store.Query{Name: "report"}, []int{0, 3, 6, 9}},
+		{"key", store.Query{Key: "k1"}, []int{1, 5, 9}},
+		{"name and key", store.Query{Name: "sync", Key: "k2"}, []int{2, 10}},
+		{"with status", store.Query{Name: "report", Status: store.Queued}, []int{0, 3, 6}},
+		{"paged", store.Query{Name: "sync", After: seqs[2], Limit: 3}, []int{4, 5, 7}},
+		{"no match", store.Query{Name: "sync", Key: "nope"}, nil},
+	}
+	for _, tt := range tests {
+		got, err := s.List(ctx, tt.q)
+		if err != nil {
+			t.Fatalf("%s: %v", tt.name, err)
+		}
+		var gotSeqs, wantSeqs []uint64
+		for _, r := range got {
+			gotSeqs = append(gotSeqs, r.Seq)
+			if r.Input == nil {
+				t.Errorf("%s: run %d listed without its input", tt.name, r.Seq)
+			}
+		}
+		for _, i := range tt.want {
+			wantSeqs = append(wantSeqs, seqs[i])
+		}
+		if fmt.Sprint(gotSeqs) != fmt.Sprint(wantSeqs) {
+			t.Errorf("%s: listed %v, want %v", tt.name, gotSeqs, wantSeqs)
+		}
+	}
 }
