@@ -1,9 +1,12 @@
 package scheduler
 
 import (
+	"fmt"
 	"io"
 	"net/http"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 )
@@ -206,5 +209,115 @@ func TestSharedStoreCancel(t *testing.T) {
 	owner.settle()
 	if n := len(w.deliveries()); n != 1 {
 		t.Fatalf("%d deliveries, want 1: the cancelled waiting run was delivered", n)
+	}
+}
+
+// Cancels racing admissions, deliveries, retries and completions: every
+// run ends once, a cancel that answered CANCELLED stays so, lanes and keys
+// hold, and warden_runs adds up.
+func TestCancelUnderLoad(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		opts func(t *testing.T) []harnessOpt
+	}{
+		{"memory", func(*testing.T) []harnessOpt { return nil }},
+		{"bbolt", func(t *testing.T) []harnessOpt { return []harnessOpt{withDataDir(t.TempDir())} }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var n atomic.Int64
+			w := newWorker(t, func(delivery) (int, string) {
+				if n.Add(1)%4 == 0 {
+					return http.StatusServiceUnavailable, "busy"
+				}
+				time.Sleep(2 * time.Millisecond) // the worker's work, for cancels to land during
+				return http.StatusOK, "{}"
+			})
+			h := newHarness(t, policyYAML(w.srv.URL, `
+  lanes: 3
+  definitions:
+    job: { key: "${input.k}", key_concurrency: 1, retry: { count: 2, delay: 20ms, jitter: 0 } }`, ""), tc.opts(t)...)
+			const runs = 240
+			ids := make([]string, runs)
+			cancelled := make([]bool, runs)
+			toCancel := make(chan int, runs)
+			var wg sync.WaitGroup
+			for range 4 {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					for i := range toCancel {
+						r := h.do("POST", "/"+ids[i]+"/cancel", "")
+						switch {
+						case r.code == http.StatusOK:
+							cancelled[i] = true
+						case r.code == http.StatusConflict && strings.Contains(string(r.body), "already"):
+						default:
+							t.Errorf("cancel %s: %d %s", ids[i], r.code, r.body)
+						}
+					}
+				}()
+			}
+			// The scheduler's own count of admitted runs, sampled: the
+			// worker may still be finishing a delivery a cancel aborted
+			// (as after a start_to_close timeout), so its count may not.
+			var most atomic.Int64
+			stop := make(chan struct{})
+			sampled := make(chan struct{})
+			go func() {
+				defer close(sampled)
+				for {
+					h.sched.mu.Lock()
+					running := int64(h.sched.running)
+					h.sched.mu.Unlock()
+					if running > most.Load() {
+						most.Store(running)
+					}
+					select {
+					case <-stop:
+						return
+					case <-time.After(50 * time.Microsecond):
+					}
+				}
+			}()
+			for i := range ids {
+				ids[i] = h.submit(fmt.Sprintf(`{"name":"job","input":{"k":%d}}`, i%7)).ID
+				if i%2 == 0 { // half the runs, cancelled from four callers while the rest run
+					toCancel <- i
+				}
+			}
+			close(toCancel)
+			wg.Wait()
+			ended := map[string]int{}
+			for i, id := range ids {
+				var v RunView
+				for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(time.Millisecond) {
+					if v = h.get(id); v.FinishedAt != nil {
+						break
+					}
+					if time.Now().After(deadline) {
+						t.Fatalf("run %s never ended: %s", id, v.Status)
+					}
+				}
+				ended[v.Status]++
+				if cancelled[i] != (v.Status == "CANCELLED") {
+					t.Errorf("run %s: cancel answered CANCELLED %v, ended %s", id, cancelled[i], v.Status)
+				}
+			}
+			close(stop)
+			<-sampled
+			if m := most.Load(); m > 3 {
+				t.Errorf("%d runs admitted at once with lanes 3", m)
+			}
+			h.settle()
+			for _, st := range []string{"QUEUED", "RUNNING", "RETRY_WAIT", "COMPLETED", "FAILED", "CANCELLED"} {
+				if v := value(h.m.Runs.WithLabelValues(st)); int(v) != ended[st] {
+					t.Errorf("warden_runs{status=%s} = %v, want %d", st, v, ended[st])
+				}
+			}
+			if ended["CANCELLED"] == 0 || ended["COMPLETED"] == 0 {
+				t.Errorf("ended %v: the cancels raced nothing", ended)
+			}
+			t.Logf("ended: %v", ended)
+		})
 	}
 }
