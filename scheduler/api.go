@@ -37,6 +37,7 @@ type RunView struct {
 	StartedAt             *time.Time      `json:"started_at"`
 	FinishedAt            *time.Time      `json:"finished_at"`
 	RetryAt               *time.Time      `json:"retry_at,omitempty"`
+	NotBefore             *time.Time      `json:"not_before,omitempty"` // SCHEDULED: when it joins the queue
 	ReasonForIncompletion *string         `json:"reason_for_incompletion"`
 	Output                json.RawMessage `json:"output"`
 }
@@ -59,6 +60,10 @@ type SubmitRequest struct {
 	Input          []byte // raw JSON; nil means {}
 	Priority       *int32 // nil: the definition's priority
 	IdempotencyKey string
+	// NotBefore, when later than now, keeps the run SCHEDULED until then;
+	// Delay, when positive, is NotBefore as a wait from now.
+	NotBefore time.Time
+	Delay     time.Duration
 	// Header reads the submit request's headers, for ${header.x} keys and
 	// the run's tenant; nil means none.
 	Header func(name string) []byte
@@ -92,6 +97,12 @@ func (s *Scheduler) Submit(ctx context.Context, req SubmitRequest) (Receipt, boo
 		r.Tenant = string(req.Header(cfg.tenantHeader))
 	}
 	r.Key = d.key.resolve(req.Input, req.Header)
+	if due := req.NotBefore; req.Delay > 0 || due.After(now) {
+		if req.Delay > 0 {
+			due = now.Add(req.Delay)
+		}
+		return s.submitScheduled(ctx, r, due)
+	}
 
 	// A run every gate admits right now is stored already STARTING: one
 	// durable write instead of two before it reaches the worker. Pending
@@ -175,6 +186,23 @@ func (s *Scheduler) Submit(ctx context.Context, req SubmitRequest) (Receipt, boo
 		s.m.Rejections.WithLabelValues(*rc.Control, "run:"+r.Name).Inc()
 	}
 	return rc, true, nil
+}
+
+// submitScheduled stores a run that waits until due before it joins the
+// queue: SCHEDULED, its timer armed as a retry wait's is.
+func (s *Scheduler) submitScheduled(ctx context.Context, r *store.Run, due time.Time) (Receipt, bool, error) {
+	r.Status, r.RetryAt = store.Scheduled, due.UnixNano()
+	created, err := s.st.Submit(ctx, r)
+	if err != nil {
+		return Receipt{}, false, fmt.Errorf("store run: %w", err)
+	}
+	if !created {
+		v, err := s.view(ctx, r.Seq)
+		return receiptOf(v), false, err
+	}
+	s.added(store.Scheduled)
+	s.armRetry(r.Seq, due.Sub(s.clk.Now()))
+	return Receipt{ID: formatID(r.Seq), Status: store.Scheduled.String()}, true, nil
 }
 
 func unknownDefinition(cfg *config, name string) error {
@@ -420,8 +448,11 @@ func (s *Scheduler) viewLocked(r store.Run, now time.Time) RunView {
 		Priority: int(r.Priority), Key: r.Key,
 		CreatedAt: ts(r.CreatedAt), StartedAt: ts(r.StartedAt), FinishedAt: ts(r.FinishedAt),
 	}
-	if r.Status == store.RetryWait {
+	switch r.Status {
+	case store.RetryWait:
 		v.RetryAt = ts(r.RetryAt)
+	case store.Scheduled:
+		v.NotBefore = ts(r.RetryAt)
 	}
 	if r.Reason != "" {
 		reason := r.Reason

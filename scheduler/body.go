@@ -8,6 +8,7 @@ import (
 	"io"
 	"slices"
 	"strings"
+	"time"
 	"unicode/utf8"
 )
 
@@ -35,9 +36,11 @@ type submitBody struct {
 	Input          []byte // raw JSON, never nil
 	Priority       *int32
 	IdempotencyKey string
+	NotBefore      time.Time     // zero: none
+	Delay          time.Duration // 0: none
 }
 
-var submitFields = "name, input, priority, idempotency_key"
+var submitFields = "name, input, priority, idempotency_key, not_before, delay"
 
 // parseSubmit reads {"name":..., "input":..., "priority":..., "idempotency_key":...}
 // strictly: unknown fields, wrong types and trailing data are refused with
@@ -48,14 +51,34 @@ func parseSubmit(body []byte) (submitBody, error) {
 		Input          json.RawMessage `json:"input"`
 		Priority       *int32          `json:"priority"`
 		IdempotencyKey *string         `json:"idempotency_key"`
+		NotBefore      *string         `json:"not_before"`
+		Delay          *string         `json:"delay"`
 	}
 	if err := decodeStrict(body, &raw, submitFields, `{"name":"tenant_sync","input":{...}}`); err != nil {
 		return submitBody{}, err
 	}
+	var notBefore time.Time
+	var delay time.Duration
+	switch {
+	case raw.NotBefore != nil && raw.Delay != nil:
+		return submitBody{}, badRequest(`give "not_before" or "delay", not both`)
+	case raw.NotBefore != nil:
+		t, err := time.Parse(time.RFC3339Nano, *raw.NotBefore)
+		if err != nil {
+			return submitBody{}, badRequest(`"not_before" %q: want an RFC 3339 time such as "2026-12-04T18:00:00Z"`, *raw.NotBefore)
+		}
+		notBefore = t
+	case raw.Delay != nil:
+		d, err := time.ParseDuration(*raw.Delay)
+		if err != nil || d < 0 {
+			return submitBody{}, badRequest(`"delay" %q: want a duration such as "90s" or "2h", not negative`, *raw.Delay)
+		}
+		delay = d
+	}
 	if raw.Name == nil || *raw.Name == "" {
 		return submitBody{}, badRequest(`missing "name": the definition to run (a key of scheduler.definitions)`)
 	}
-	out := submitBody{Name: *raw.Name, Priority: raw.Priority, Input: []byte("{}")}
+	out := submitBody{Name: *raw.Name, Priority: raw.Priority, Input: []byte("{}"), NotBefore: notBefore, Delay: delay}
 	if len(raw.Input) > 0 {
 		out.Input = bytes.Clone(raw.Input)
 	}

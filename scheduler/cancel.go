@@ -18,7 +18,7 @@ const cancelTries = 8
 
 // Cancel ends a run that has not finished: CANCELLED, control "cancelled",
 // reason as given. A waiting run leaves the queue; a run in RETRY_WAIT is
-// not retried; a run being delivered has its request to the worker
+// not retried and a SCHEDULED one never starts; a run being delivered has its request to the worker
 // aborted, and one the worker accepted (202) is ended here: the worker's
 // next heartbeat or complete gets 409 naming CANCELLED. Its lane, key,
 // pool slot and permits are freed at once and its bridge sessions closed.
@@ -68,10 +68,11 @@ func (s *Scheduler) cancelOnce(ctx context.Context, seq uint64, reason string) (
 		return false, pause(ctx)
 	}
 	var from store.Status
+	waited := false
 	if t, ok := s.waits[seq]; ok {
 		t.Stop()
 		delete(s.waits, seq)
-		from = store.RetryWait
+		waited = true // RETRY_WAIT or SCHEDULED: the store says which
 	} else if h, ok := s.q.find(seq); ok {
 		e := s.q.remove(h)
 		if cfg := s.cfgPtr.Load(); cfg != nil {
@@ -97,15 +98,18 @@ func (s *Scheduler) cancelOnce(ctx context.Context, seq uint64, reason string) (
 		// Admitted by this sidecar since the look above.
 		return false, pause(ctx)
 	}
-	if from == 0 {
-		// Not in this sidecar's index: a shared store's queue, a retry
-		// wait a drain left without its timer, or a run between its
-		// store write and the index.
+	if waited && (r.Status == store.RetryWait || r.Status == store.Scheduled) {
+		from = r.Status
+	}
+	if from == 0 && !waited {
+		// Not in this sidecar's index: a shared store's queue, a wait a
+		// drain left without its timer, or a run between its store
+		// write and the index.
 		from = r.Status
 	}
 	if r.Status != from {
-		// Moved on between the index and the read: a retry wait whose
-		// requeue is under way (it queues the run itself).
+		// Moved on between the index and the read: a wait whose requeue
+		// is under way (it queues the run itself).
 		return false, nil
 	}
 	r.Status, r.FinishedAt, r.Reason, r.Control = store.Cancelled, s.clk.Now().UnixNano(), reason, ControlCancelled
@@ -136,7 +140,7 @@ func (s *Scheduler) restore(from store.Status, seq uint64) {
 		if _, queued := s.q.find(seq); !queued && s.active[seq] == nil {
 			s.enqueueLocked(&r)
 		}
-	case store.RetryWait:
+	case store.RetryWait, store.Scheduled:
 		if _, waiting := s.waits[seq]; !waiting && !s.draining && !s.closed {
 			s.waits[seq] = s.clk.AfterFunc(max(0, time.Duration(r.RetryAt-s.clk.Now().UnixNano())), func() { s.requeue(seq) })
 		}

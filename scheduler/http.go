@@ -121,6 +121,7 @@ func (s *Scheduler) serveSubmit(ctx context.Context, c *fasthttp.RequestCtx) {
 	}
 	v, _, err := s.Submit(ctx, SubmitRequest{
 		Name: body.Name, Input: body.Input, Priority: body.Priority, IdempotencyKey: body.IdempotencyKey,
+		NotBefore: body.NotBefore, Delay: body.Delay,
 		Header: func(name string) []byte {
 			// The request is alive for the whole call; copy what is kept.
 			return c.Request.Header.Peek(name)

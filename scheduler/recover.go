@@ -24,13 +24,13 @@ import (
 //   - RUNNING runs belong to the worker (it answered 202): they hold their
 //     lane, key, permits and pool slot again; start_to_close counts from
 //     their start, heartbeat_timeout from now (heartbeats are not persisted).
-//   - RETRY_WAIT runs get their timer back.
+//   - RETRY_WAIT and SCHEDULED runs get their timer back.
 func (s *Scheduler) recover(ctx context.Context, c *governor.Controls) error {
 	if s.shared != nil {
 		// The runs belong to the shared queue: this sidecar takes back
 		// only its own (its owner id outlives the process); what other
 		// sidecars left admitted is taken back by the lease sweep, and
-		// retry waits by the same sweep.
+		// retry waits and scheduled runs by the same sweep.
 		return s.recoverShared(ctx)
 	}
 	if err := s.loadCounts(ctx); err != nil {
@@ -53,7 +53,7 @@ func (s *Scheduler) recover(ctx context.Context, c *governor.Controls) error {
 			starting = append(starting, r.Seq)
 		case store.Running:
 			running = append(running, r.Seq)
-		case store.RetryWait:
+		case store.RetryWait, store.Scheduled:
 			waits = append(waits, wait{r.Seq, r.RetryAt})
 		}
 		return nil

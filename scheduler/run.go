@@ -225,7 +225,7 @@ func (s *Scheduler) fail(a *active, reason string, asked time.Duration) bool {
 	return true
 }
 
-// armRetry puts a RETRY_WAIT run back in the queue after delay.
+// armRetry puts a RETRY_WAIT or SCHEDULED run in the queue after delay.
 func (s *Scheduler) armRetry(seq uint64, delay time.Duration) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -235,24 +235,30 @@ func (s *Scheduler) armRetry(seq uint64, delay time.Duration) {
 	s.waits[seq] = s.clk.AfterFunc(delay, func() { s.requeue(seq) })
 }
 
-// requeue ends a retry wait: the run is QUEUED again, keeping its age.
+// requeue ends a retry wait, or a scheduled run's wait for its
+// not_before: the run is QUEUED, keeping its age.
 func (s *Scheduler) requeue(seq uint64) {
 	if !s.enter() {
 		return
 	}
 	defer s.leave()
 	full, err := s.st.Get(context.Background(), seq)
-	if err != nil || full.Status != store.RetryWait {
+	if err != nil || full.Status != store.RetryWait && full.Status != store.Scheduled {
 		s.mu.Lock()
 		delete(s.waits, seq)
 		s.mu.Unlock()
 		return
 	}
 	now := s.clk.Now()
-	// RetryAt stays set: it tells the next admission this attempt was
-	// already counted by the retry budget.
+	from := full.Status
+	// A retried run keeps RetryAt: it tells the next admission this
+	// attempt was already counted by the retry budget. A scheduled run
+	// starts out as a new one.
+	if from == store.Scheduled {
+		full.RetryAt = 0
+	}
 	full.Status, full.QueuedAt = store.Queued, now.UnixNano()
-	if err := s.st.Update(context.Background(), &full, store.Of(store.RetryWait)); err != nil {
+	if err := s.st.Update(context.Background(), &full, store.Of(from)); err != nil {
 		s.mu.Lock()
 		delete(s.waits, seq)
 		s.mu.Unlock()
@@ -261,7 +267,7 @@ func (s *Scheduler) requeue(seq uint64) {
 		}
 		return
 	}
-	s.moved(store.RetryWait, store.Queued)
+	s.moved(from, store.Queued)
 	s.mu.Lock()
 	delete(s.waits, seq)
 	s.enqueueLocked(&full)

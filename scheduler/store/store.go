@@ -46,13 +46,17 @@ const (
 	FailedTerminal
 	TimedOut
 	Cancelled
-	maxStatus = Cancelled
+	// Scheduled waits for its not_before time (RetryAt), then joins the
+	// queue. It comes after the terminal statuses only because statuses
+	// are stored by number.
+	Scheduled
+	maxStatus = Scheduled
 )
 
 var statusNames = [...]string{
 	Queued: "QUEUED", Starting: "STARTING", Running: "RUNNING", RetryWait: "RETRY_WAIT",
 	Completed: "COMPLETED", Failed: "FAILED", FailedTerminal: "FAILED_WITH_TERMINAL_ERROR", TimedOut: "TIMED_OUT",
-	Cancelled: "CANCELLED",
+	Cancelled: "CANCELLED", Scheduled: "SCHEDULED",
 }
 
 func (s Status) String() string {
@@ -73,14 +77,14 @@ func ParseStatus(name string) (Status, bool) {
 }
 
 // Terminal reports whether the run has ended for good.
-func (s Status) Terminal() bool { return s >= Completed && s <= maxStatus }
+func (s Status) Terminal() bool { return s >= Completed && s <= Cancelled }
 
 // Unfinished lists the statuses a restart must look at, in the order
 // Store.Unfinished visits them.
-var Unfinished = []Status{Queued, Starting, Running, RetryWait}
+var Unfinished = []Status{Queued, Starting, Running, RetryWait, Scheduled}
 
 // All lists every status.
-var All = []Status{Queued, Starting, Running, RetryWait, Completed, Failed, FailedTerminal, TimedOut, Cancelled}
+var All = []Status{Scheduled, Queued, Starting, Running, RetryWait, Completed, Failed, FailedTerminal, TimedOut, Cancelled}
 
 // Statuses is a set of statuses, the expected current status of an Update.
 type Statuses uint16
@@ -116,7 +120,7 @@ type Run struct {
 	QueuedAt       int64 // when it last entered the queue (creation or the end of a retry wait)
 	StartedAt      int64 // when the current or last attempt was admitted
 	FinishedAt     int64
-	RetryAt        int64  // RETRY_WAIT: when it goes back to the queue
+	RetryAt        int64  // RETRY_WAIT: when it goes back to the queue; SCHEDULED: its not_before
 	PoolID         string // pool whose rate slot the current admission took
 	WindowStart    int64  // start of that slot's window; 0 when no slot was taken
 }

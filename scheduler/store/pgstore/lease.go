@@ -57,16 +57,18 @@ type Decision struct {
 
 // SweepResult says what a sweep changed.
 type SweepResult struct {
-	Requeued       int // expired runs back in the queue
-	Ended          int // expired runs the retry policy ended
-	Refunded       int // rate slots given back (deliveries that never started)
-	RetriesQueued  int // RETRY_WAIT runs whose retry_at passed
-	PermitsExpired int
-	TimedOut       int // QUEUED runs past their schedule_to_start_timeout
+	Requeued      int // expired runs back in the queue
+	Ended         int // expired runs the retry policy ended
+	Refunded      int // rate slots given back (deliveries that never started)
+	RetriesQueued int // RETRY_WAIT runs whose retry_at passed
+	// SCHEDULED runs whose not_before passed
+	ScheduledQueued int
+	PermitsExpired  int
+	TimedOut        int // QUEUED runs past their schedule_to_start_timeout
 }
 
 func (r SweepResult) changed() bool {
-	return r.Requeued+r.Ended+r.RetriesQueued+r.PermitsExpired+r.TimedOut > 0
+	return r.Requeued+r.Ended+r.RetriesQueued+r.ScheduledQueued+r.PermitsExpired+r.TimedOut > 0
 }
 
 // SweepRequest is what one sweep looks at.
@@ -184,6 +186,13 @@ func (s *Store) sweepTx(ctx context.Context, tx pgx.Tx, req SweepRequest, res *S
 		return err
 	}
 	res.RetriesQueued = int(tag.RowsAffected())
+	// Scheduled runs whose time came join the queue as new runs: no
+	// retry_at left, so their first delivery counts as an execution.
+	tag, err = tx.Exec(ctx, "UPDATE warden_runs SET status = 1, queued_at = $1, retry_at = 0 WHERE status = 10 AND retry_at <= $1", req.Now)
+	if err != nil {
+		return err
+	}
+	res.ScheduledQueued = int(tag.RowsAffected())
 	for name, sts := range req.ScheduleToStart {
 		if sts <= 0 {
 			continue

@@ -96,7 +96,10 @@ func TestSweep(t *testing.T) {
 	// schedule_to_start of 1 s.
 	waiting := &store.Run{Name: "other", Status: store.RetryWait, RetryAt: base + sec, Input: []byte(`{}`)}
 	old := &store.Run{Name: "stale", Status: store.Queued, QueuedAt: base - 5*sec, Input: []byte(`{}`)}
-	for _, r := range []*store.Run{waiting, old} {
+	// Scheduled runs: one due by the sweep, one not.
+	due := &store.Run{Name: "other", Status: store.Scheduled, RetryAt: base + 2*sec, Input: []byte(`{}`)}
+	later := &store.Run{Name: "other", Status: store.Scheduled, RetryAt: base + 9*sec, Input: []byte(`{}`)}
+	for _, r := range []*store.Run{waiting, old, due, later} {
 		if _, err := s.Submit(bg, r); err != nil {
 			t.Fatal(err)
 		}
@@ -125,7 +128,7 @@ func TestSweep(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := pgstore.SweepResult{Requeued: 2, Ended: 1, Refunded: 1, RetriesQueued: 1, TimedOut: 1}
+	want := pgstore.SweepResult{Requeued: 2, Ended: 1, Refunded: 1, RetriesQueued: 1, ScheduledQueued: 1, TimedOut: 1}
 	if res != want {
 		t.Fatalf("sweep: %+v, want %+v", res, want)
 	}
@@ -146,6 +149,11 @@ func TestSweep(t *testing.T) {
 		{waiting.Seq, store.Queued, 0},
 		{old.Seq, store.TimedOut, 0},
 		{live, store.Queued, 0},
+		{due.Seq, store.Queued, 0},
+		{later.Seq, store.Scheduled, 0},
+	}
+	if r, _ := s.Get(bg, due.Seq); r.RetryAt != 0 || r.QueuedAt != base+3*sec {
+		t.Errorf("due scheduled run: retry_at %d queued_at %d, want 0 and the sweep's time (a new run)", r.RetryAt, r.QueuedAt)
 	}
 	for _, c := range checks {
 		r, _ := s.Get(bg, c.seq)

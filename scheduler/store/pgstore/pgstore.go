@@ -431,8 +431,9 @@ func (s *Store) statusCounts(ctx context.Context, sql string, args ...any) (map[
 }
 
 // terminalSQL selects the statuses of runs that ended, as the
-// warden_runs_finished index's predicate does (5 is store.Completed).
-const terminalSQL = "status >= 5"
+// warden_runs_finished index's predicate does: store.Completed (5) to
+// store.Cancelled (9).
+const terminalSQL = "status BETWEEN 5 AND 9"
 
 // Purge implements store.Store. The oldest-ended runs go first, with any
 // permit row still naming them; several sidecars may purge at once, each

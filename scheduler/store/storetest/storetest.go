@@ -221,7 +221,7 @@ func unfinished(t *testing.T, f Factory) {
 	s := f.Open(t)
 	defer s.Close()
 	want := map[store.Status]int{}
-	for i, st := range []store.Status{store.Queued, store.Starting, store.Running, store.RetryWait, store.Completed, store.TimedOut, store.Queued} {
+	for i, st := range []store.Status{store.Queued, store.Scheduled, store.Starting, store.Running, store.RetryWait, store.Completed, store.TimedOut, store.Cancelled, store.Queued} {
 		r := newRun("sync", i)
 		if _, err := s.Submit(ctx, r); err != nil {
 			t.Fatal(err)
@@ -252,7 +252,7 @@ func unfinished(t *testing.T, f Factory) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	wantOrder := []store.Status{store.Queued, store.Queued, store.Starting, store.Running, store.RetryWait}
+	wantOrder := []store.Status{store.Queued, store.Queued, store.Starting, store.Running, store.RetryWait, store.Scheduled}
 	if fmt.Sprint(order) != fmt.Sprint(wantOrder) {
 		t.Fatalf("Unfinished visited %v, want %v", order, wantOrder)
 	}
@@ -377,6 +377,8 @@ func purge(t *testing.T, f Factory) {
 	add(7, store.Completed, 9000, "k-new") // ended after the cut: stays
 	add(8, store.RetryWait, 0, "")         // stays
 	add(9, store.Completed, 4000, "")      // goes
+	add(10, store.Scheduled, 0, "")        // waiting for its time, however old: stays
+	add(11, store.Cancelled, 1000, "")     // goes
 	before, err := s.Counts(ctx)
 	if err != nil {
 		t.Fatal(err)
@@ -396,7 +398,7 @@ func purge(t *testing.T, f Factory) {
 	for st, n := range rest {
 		got[st] += n
 	}
-	wantGone := map[store.Status]int{store.Completed: 2, store.Failed: 1, store.FailedTerminal: 1}
+	wantGone := map[store.Status]int{store.Completed: 2, store.Failed: 1, store.FailedTerminal: 1, store.Cancelled: 1}
 	for _, st := range store.All {
 		if got[st] != wantGone[st] {
 			t.Fatalf("purged %v, want %v", got, wantGone)
@@ -441,8 +443,8 @@ func purge(t *testing.T, f Factory) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(lst) != 6 {
-		t.Fatalf("List after the purge: %d runs, want 6", len(lst))
+	if len(lst) != 7 {
+		t.Fatalf("List after the purge: %d runs, want 7", len(lst))
 	}
 }
 
