@@ -202,6 +202,7 @@ func FuzzAddDate(f *testing.F) {
 	f.Add("304 Not Modified", "ETag: \"e\"\r\nContent-Length: 7\r\n")
 	f.Add("204 No Content", "Transfer-Encoding: chunked\r\n")
 	f.Add("404 Nope", "Content-Type: text/html\r\nContent-Encoding: br\r\nServer: s\r\nTrailer: X-T\r\n")
+	f.Add("200 OK", "X-Folded: a\r\n \r\n") // an empty obs-fold: fasthttp keeps "a ", reads back "a"
 	f.Fuzz(func(t *testing.T, status, fields string) {
 		var h fasthttp.ResponseHeader
 		h.SetNoDefaultContentType(true)
@@ -217,11 +218,15 @@ func FuzzAddDate(f *testing.F) {
 	})
 }
 
+// withoutDate is head without its Date field, each line trimmed of
+// trailing whitespace: that is no part of a field's value (RFC 9110 §5.5),
+// and fasthttp keeps some (an obs-fold of blanks becomes a trailing space)
+// that its next read drops.
 func withoutDate(head string) string {
 	var b strings.Builder
 	for line := range strings.SplitSeq(head, "\r\n") {
 		if !strings.HasPrefix(strings.ToLower(line), "date:") {
-			b.WriteString(line + "\r\n")
+			b.WriteString(strings.TrimRight(line, " \t") + "\r\n")
 		}
 	}
 	return b.String()
