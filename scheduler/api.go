@@ -97,10 +97,11 @@ func (s *Scheduler) Submit(ctx context.Context, req SubmitRequest) (Receipt, boo
 		r.Tenant = string(req.Header(cfg.tenantHeader))
 	}
 	r.Key = d.key.resolve(req.Input, req.Header)
-	if due := req.NotBefore; req.Delay > 0 || due.After(now) {
-		if req.Delay > 0 {
-			due = now.Add(req.Delay)
-		}
+	due := req.NotBefore
+	if req.Delay > 0 {
+		due = now.Add(req.Delay)
+	}
+	if due.After(now) {
 		return s.submitScheduled(ctx, r, due)
 	}
 
@@ -273,14 +274,13 @@ func (s *Scheduler) view(ctx context.Context, seq uint64) (RunView, error) {
 // names; RUNNING includes runs being started), of one definition, of one
 // key, after id after.
 func (s *Scheduler) List(ctx context.Context, f ListFilter) ([]RunView, error) {
-	status, after, limit := f.Status, f.After, f.Limit
 	if !s.enter() {
 		return nil, ErrStopped
 	}
 	defer s.leave()
 	var sts []store.Status
-	if status != "" {
-		st, ok := store.ParseStatus(status)
+	if f.Status != "" {
+		st, ok := store.ParseStatus(f.Status)
 		if !ok || st == store.Starting {
 			names := make([]string, 0, len(store.All))
 			for _, x := range store.All {
@@ -288,22 +288,21 @@ func (s *Scheduler) List(ctx context.Context, f ListFilter) ([]RunView, error) {
 					names = append(names, x.String())
 				}
 			}
-			return nil, badRequest("unknown status %q; want one of %s", status, strings.Join(names, ", "))
+			return nil, badRequest("unknown status %q; want one of %s", f.Status, strings.Join(names, ", "))
 		}
 		sts = append(sts, st)
 		if st == store.Running {
 			sts = append(sts, store.Starting)
 		}
 	}
-	var runs []store.Run
 	if len(sts) == 0 {
-		var err error
-		if runs, err = s.st.List(ctx, store.Query{Name: f.Name, Key: f.Key, After: after, Limit: limit}); err != nil {
-			return nil, err
-		}
+		sts = []store.Status{0} // any
 	}
+	var runs []store.Run
+	q := store.Query{Name: f.Name, Key: f.Key, After: f.After, Limit: f.Limit}
 	for _, st := range sts {
-		part, err := s.st.List(ctx, store.Query{Status: st, Name: f.Name, Key: f.Key, After: after, Limit: limit})
+		q.Status = st
+		part, err := s.st.List(ctx, q)
 		if err != nil {
 			return nil, err
 		}
@@ -318,8 +317,8 @@ func (s *Scheduler) List(ctx context.Context, f ListFilter) ([]RunView, error) {
 		}
 		return 0
 	})
-	if limit > 0 && len(runs) > limit {
-		runs = runs[:limit]
+	if f.Limit > 0 && len(runs) > f.Limit {
+		runs = runs[:f.Limit]
 	}
 	now := s.clk.Now()
 	out := make([]RunView, 0, len(runs))

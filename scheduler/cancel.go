@@ -18,10 +18,11 @@ const cancelTries = 8
 
 // Cancel ends a run that has not finished: CANCELLED, control "cancelled",
 // reason as given. A waiting run leaves the queue; a run in RETRY_WAIT is
-// not retried and a SCHEDULED one never starts; a run being delivered has its request to the worker
-// aborted, and one the worker accepted (202) is ended here: the worker's
-// next heartbeat or complete gets 409 naming CANCELLED. Its lane, key,
-// pool slot and permits are freed at once and its bridge sessions closed.
+// not retried and a SCHEDULED one never starts; a run being delivered has
+// its request to the worker aborted, and one the worker accepted (202) is
+// ended here: the worker's next heartbeat or complete gets 409 naming
+// CANCELLED. Its lane, key, pool slot and permits are freed at once and
+// its bridge sessions closed.
 // A finished run is a Conflict. With a shared store, a run another sidecar
 // is delivering must be cancelled through that sidecar.
 func (s *Scheduler) Cancel(ctx context.Context, id, reason string) (RunView, error) {
@@ -98,13 +99,11 @@ func (s *Scheduler) cancelOnce(ctx context.Context, seq uint64, reason string) (
 		// Admitted by this sidecar since the look above.
 		return false, pause(ctx)
 	}
-	if waited && (r.Status == store.RetryWait || r.Status == store.Scheduled) {
-		from = r.Status
-	}
-	if from == 0 && !waited {
-		// Not in this sidecar's index: a shared store's queue, a wait a
-		// drain left without its timer, or a run between its store
-		// write and the index.
+	if from == 0 && (!waited || r.Status == store.RetryWait || r.Status == store.Scheduled) {
+		// Taken from a wait (the store says which), or not in this
+		// sidecar's index at all: a shared store's queue, a wait a drain
+		// left without its timer, or a run between its store write and
+		// the index.
 		from = r.Status
 	}
 	if r.Status != from {
@@ -141,8 +140,8 @@ func (s *Scheduler) restore(from store.Status, seq uint64) {
 			s.enqueueLocked(&r)
 		}
 	case store.RetryWait, store.Scheduled:
-		if _, waiting := s.waits[seq]; !waiting && !s.draining && !s.closed {
-			s.waits[seq] = s.clk.AfterFunc(max(0, time.Duration(r.RetryAt-s.clk.Now().UnixNano())), func() { s.requeue(seq) })
+		if _, waiting := s.waits[seq]; !waiting {
+			s.armRetryLocked(seq, max(0, time.Duration(r.RetryAt-s.clk.Now().UnixNano())))
 		}
 	}
 }

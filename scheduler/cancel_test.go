@@ -11,8 +11,8 @@ import (
 	"time"
 )
 
-// cancelled checks a cancel's answer: 200 with the run CANCELLED, control
-// "cancelled" and the reason given.
+// cancel cancels id with body and checks the answer: 200 with the run
+// CANCELLED, control "cancelled" and wantReason.
 func (h *harness) cancel(id, body, wantReason string) RunView {
 	h.t.Helper()
 	r := h.do("POST", "/"+id+"/cancel", body)

@@ -229,8 +229,13 @@ func (s *Scheduler) fail(a *active, reason string, asked time.Duration) bool {
 func (s *Scheduler) armRetry(seq uint64, delay time.Duration) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	s.armRetryLocked(seq, delay)
+}
+
+// armRetryLocked is armRetry with s.mu held.
+func (s *Scheduler) armRetryLocked(seq uint64, delay time.Duration) {
 	if s.draining || s.closed {
-		return // persisted as RETRY_WAIT; a restart re-arms it
+		return // persisted as RETRY_WAIT or SCHEDULED; a restart re-arms it
 	}
 	s.waits[seq] = s.clk.AfterFunc(delay, func() { s.requeue(seq) })
 }

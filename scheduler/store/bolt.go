@@ -440,7 +440,7 @@ func purgeTx(runs, status, idem *bolt.Bucket, o *op, counts *[maxStatus + 1]uint
 		if r.CreatedAt >= o.before {
 			break
 		}
-		if !r.Status.Terminal() || r.FinishedAt >= o.before {
+		if !r.endedBefore(o.before) {
 			continue
 		}
 		g := victim{seq: seq, st: r.Status}

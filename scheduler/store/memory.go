@@ -235,7 +235,7 @@ func (m *Memory) Purge(_ context.Context, before int64, limit int) (map[Status]i
 			if n == limit {
 				break
 			}
-			if !r.Status.Terminal() || r.FinishedAt >= before {
+			if !r.endedBefore(before) {
 				continue
 			}
 			delete(sh.runs, seq)

@@ -191,6 +191,10 @@ type Query struct {
 	Limit  int
 }
 
+// endedBefore reports whether r is a finished run that ended before t:
+// what Purge deletes.
+func (r *Run) endedBefore(t int64) bool { return r.Status.Terminal() && r.FinishedAt < t }
+
 // Matches reports whether r passes q's name and key filters.
 func (q Query) Matches(r *Run) bool {
 	return (q.Name == "" || r.Name == q.Name) && (q.Key == "" || r.Key == q.Key)
