@@ -257,3 +257,43 @@ func TestReleasesQueuedAtCloseAreSent(t *testing.T) {
 		t.Fatalf("the release queued at close was not sent: %d holders left", n)
 	}
 }
+
+// Renewals only move a lease's expiry later: the renewer's renewal and a
+// RenewNow can overlap, and one computed earlier but applied last must
+// not shorten the lease (a lease of a live holder would then expire).
+func TestStaleRenewalNeverShortensALease(t *testing.T) {
+	url := testenv.RedisURL(t)
+	rdb := redistest.Client(t, url)
+	set := redistest.Prefix(t, url) + "lease"
+	clk := clock.NewFake(time.Now().Truncate(time.Second))
+	c := openAt(t, url, clk, 30*time.Second)
+	h := c.NewHolder()
+	if _, ok := admitLease(t, c, set, h, 1, clk.Now(), "", 0); !ok {
+		t.Fatal("not admitted")
+	}
+	ref := []leaseRef{{set, h}}
+	later := clk.Now().Add(90 * time.Second).UnixMilli()
+	earlier := clk.Now().Add(40 * time.Second).UnixMilli()
+	for _, call := range []struct {
+		name   string
+		script *Script
+	}{{"renew", renewScript}, {"readd", readdScript}} {
+		if err := c.leaseCall(call.script, "renew", ref, later).Err(); err != nil {
+			t.Fatal(err)
+		}
+		if err := c.leaseCall(call.script, "renew", ref, earlier).Err(); err != nil {
+			t.Fatal(err)
+		}
+		if got := rdb.ZScore(context.Background(), set, h).Val(); got != float64(later) {
+			t.Errorf("%s: lease expiry %v after a stale call, want %v", call.name, got, later)
+		}
+	}
+	// A lease that is gone is added back with the expiry given.
+	rdb.ZRem(context.Background(), set, h)
+	if err := c.leaseCall(readdScript, "renew", ref, earlier).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if got := rdb.ZScore(context.Background(), set, h).Val(); got != float64(earlier) {
+		t.Errorf("readd of a lost lease: expiry %v, want %v", got, earlier)
+	}
+}

@@ -149,17 +149,21 @@ return c
 `
 
 // renewBody extends held leases. KEYS: one lease set per lease (repeats
-// allowed). ARGV: expiry_ms, ttl_ms, then one holder per key. A lease that
-// is gone (Redis restarted empty or lost it, or it expired because
-// renewals failed for longer than the lease) is not touched here: the
-// reply lists the 1-based positions of those, and the client adds back
+// allowed). ARGV: expiry_ms, ttl_ms, then one holder per key. A renewal
+// only moves an expiry later: two renewals of a client can overlap (the
+// renewer's and a RenewNow, or one delayed on its connection), and the one
+// with the earlier expiry, landing last, must not shorten the lease. A
+// lease that is gone (Redis restarted empty or lost it, or it expired
+// because renewals failed for longer than the lease) is not touched here:
+// the reply lists the 1-based positions of those, and the client adds back
 // the ones it still holds (readdBody) — having checked, after this reply,
 // that they were not released meanwhile.
 const renewBody = `
 local gone = {}
 for i = 1, #KEYS do
-  if redis.call('ZSCORE', KEYS[i], ARGV[i + 2]) then
-    redis.call('ZADD', KEYS[i], ARGV[1], ARGV[i + 2])
+  local at = redis.call('ZSCORE', KEYS[i], ARGV[i + 2])
+  if at then
+    if tonumber(at) < tonumber(ARGV[1]) then redis.call('ZADD', KEYS[i], ARGV[1], ARGV[i + 2]) end
     redis.call('PEXPIRE', KEYS[i], ARGV[2])
   else
     gone[#gone + 1] = i
@@ -171,10 +175,12 @@ return gone
 // readdBody adds back leases Redis lost while their holders still run,
 // whatever their sets hold: the set then counts what really runs, even
 // past its limit, and admits nobody until enough of them end. KEYS and
-// ARGV as renewBody. Reply: how many were added.
+// ARGV as renewBody; a lease added back meanwhile by an overlapping call
+// keeps the later expiry. Reply: how many were added.
 const readdBody = `
 for i = 1, #KEYS do
-  redis.call('ZADD', KEYS[i], ARGV[1], ARGV[i + 2])
+  local at = redis.call('ZSCORE', KEYS[i], ARGV[i + 2])
+  if not at or tonumber(at) < tonumber(ARGV[1]) then redis.call('ZADD', KEYS[i], ARGV[1], ARGV[i + 2]) end
   redis.call('PEXPIRE', KEYS[i], ARGV[2])
 end
 return #KEYS
