@@ -202,7 +202,7 @@ func (s *Scheduler) submitScheduled(ctx context.Context, r *store.Run, due time.
 		return receiptOf(v), false, err
 	}
 	s.added(store.Scheduled)
-	s.armRetry(r.Seq, due.Sub(s.clk.Now()))
+	s.armRetry(r.Seq, r.RetryAt)
 	return Receipt{ID: formatID(r.Seq), Status: store.Scheduled.String()}, true, nil
 }
 

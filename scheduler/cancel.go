@@ -22,9 +22,9 @@ const cancelTries = 8
 // its request to the worker aborted, and one the worker accepted (202) is
 // ended here: the worker's next heartbeat or complete gets 409 naming
 // CANCELLED. Its lane, key, pool slot and permits are freed at once and
-// its bridge sessions closed.
-// A finished run is a Conflict. With a shared store, a run another sidecar
-// is delivering must be cancelled through that sidecar.
+// its bridge sessions closed. A finished run is a Conflict. With a shared
+// store, a run another sidecar is delivering must be cancelled through
+// that sidecar.
 func (s *Scheduler) Cancel(ctx context.Context, id, reason string) (RunView, error) {
 	seq, err := s.enterID(id)
 	if err != nil {
@@ -141,7 +141,7 @@ func (s *Scheduler) restore(from store.Status, seq uint64) {
 		}
 	case store.RetryWait, store.Scheduled:
 		if _, waiting := s.waits[seq]; !waiting {
-			s.armRetryLocked(seq, max(0, time.Duration(r.RetryAt-s.clk.Now().UnixNano())))
+			s.armRetryLocked(seq, r.RetryAt)
 		}
 	}
 }

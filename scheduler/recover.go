@@ -112,7 +112,7 @@ func (s *Scheduler) recover(ctx context.Context, c *governor.Controls) error {
 		s.resume(r, now)
 	}
 	for _, w := range waits {
-		s.armRetry(w.seq, time.Duration(w.at-now.UnixNano()))
+		s.armRetry(w.seq, w.at)
 	}
 	if n := len(starting) + len(running) + len(waits) + queued; n > 0 {
 		s.log.Info("runs recovered", "queued", queued+len(starting), "requeued_from_starting", len(starting),

@@ -49,9 +49,9 @@ func (s *Scheduler) write(r store.Run, prev store.Status, allowed store.Statuses
 func (s *Scheduler) landed(r store.Run, prev store.Status) {
 	s.moved(prev, r.Status)
 	if r.Status == store.RetryWait {
-		// What is left of the delay: the write may have waited out a
-		// store outage.
-		s.armRetry(r.Seq, max(0, time.Duration(r.RetryAt-s.clk.Now().UnixNano())))
+		// At its RetryAt, so a write that waited out a store outage
+		// waits only what is left of the delay.
+		s.armRetry(r.Seq, r.RetryAt)
 	}
 }
 

@@ -225,19 +225,20 @@ func (s *Scheduler) fail(a *active, reason string, asked time.Duration) bool {
 	return true
 }
 
-// armRetry puts a RETRY_WAIT or SCHEDULED run in the queue after delay.
-func (s *Scheduler) armRetry(seq uint64, delay time.Duration) {
+// armRetry puts a RETRY_WAIT or SCHEDULED run in the queue at its
+// RetryAt (Unix nanoseconds), at once if that has passed.
+func (s *Scheduler) armRetry(seq uint64, at int64) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.armRetryLocked(seq, delay)
+	s.armRetryLocked(seq, at)
 }
 
 // armRetryLocked is armRetry with s.mu held.
-func (s *Scheduler) armRetryLocked(seq uint64, delay time.Duration) {
+func (s *Scheduler) armRetryLocked(seq uint64, at int64) {
 	if s.draining || s.closed {
 		return // persisted as RETRY_WAIT or SCHEDULED; a restart re-arms it
 	}
-	s.waits[seq] = s.clk.AfterFunc(delay, func() { s.requeue(seq) })
+	s.waits[seq] = s.clk.AfterFuncAt(time.Unix(0, at), func() { s.requeue(seq) })
 }
 
 // requeue ends a retry wait, or a scheduled run's wait for its
