@@ -3,6 +3,8 @@ package scheduler
 import (
 	"fmt"
 	"net/http"
+	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -371,9 +373,10 @@ func TestCrashedHolderPermitReturnsAfterLease(t *testing.T) {
 	}
 }
 
+// mustSeq is the store sequence of a run id of any store.
 func mustSeq(id string) uint64 {
-	seq, ok := parseID(id)
-	if !ok {
+	seq, err := strconv.ParseUint(id[strings.LastIndexByte(id, '-')+1:], 10, 64)
+	if err != nil || seq == 0 {
 		panic("bad id " + id)
 	}
 	return seq

@@ -132,7 +132,7 @@ func (s *Scheduler) Submit(ctx context.Context, req SubmitRequest) (Receipt, boo
 		return receiptOf(v), false, err
 	}
 	s.added(r.Status)
-	id := formatID(r.Seq)
+	id := s.formatID(r.Seq)
 	if a != nil {
 		a.seq = r.Seq
 		s.mu.Lock()
@@ -203,7 +203,7 @@ func (s *Scheduler) submitScheduled(ctx context.Context, r *store.Run, due time.
 	}
 	s.added(store.Scheduled)
 	s.armRetry(r.Seq, r.RetryAt)
-	return Receipt{ID: formatID(r.Seq), Status: store.Scheduled.String()}, true, nil
+	return Receipt{ID: s.formatID(r.Seq), Status: store.Scheduled.String()}, true, nil
 }
 
 func unknownDefinition(cfg *config, name string) error {
@@ -225,7 +225,7 @@ func (s *Scheduler) enterID(id string) (uint64, error) {
 	if !s.enter() {
 		return 0, ErrStopped
 	}
-	seq, ok := parseID(id)
+	seq, ok := s.parseID(id)
 	if !ok {
 		s.leave()
 		return 0, ErrNotFound
@@ -419,7 +419,7 @@ func (s *Scheduler) Heartbeat(ctx context.Context, id string) (RunView, error) {
 
 // activeRun finds an admitted run for complete or heartbeat.
 func (s *Scheduler) activeRun(ctx context.Context, id, what string) (*active, error) {
-	seq, ok := parseID(id)
+	seq, ok := s.parseID(id)
 	if !ok {
 		return nil, ErrNotFound
 	}
@@ -443,7 +443,7 @@ func (s *Scheduler) activeRun(ctx context.Context, id, what string) (*active, er
 // it waits.
 func (s *Scheduler) viewLocked(r store.Run, now time.Time) RunView {
 	v := RunView{
-		ID: formatID(r.Seq), Name: r.Name, Status: apiStatus(r.Status), Attempt: int(r.Attempt),
+		ID: s.formatID(r.Seq), Name: r.Name, Status: apiStatus(r.Status), Attempt: int(r.Attempt),
 		Priority: int(r.Priority), Key: r.Key,
 		CreatedAt: ts(r.CreatedAt), StartedAt: ts(r.StartedAt), FinishedAt: ts(r.FinishedAt),
 	}

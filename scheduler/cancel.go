@@ -91,10 +91,10 @@ func (s *Scheduler) cancelOnce(ctx context.Context, seq uint64, reason string) (
 	case err != nil:
 		return false, fmt.Errorf("load run: %w", err)
 	case r.Status.Terminal():
-		return false, &Conflict{Msg: fmt.Sprintf("run %s is already %s", formatID(seq), r.Status)}
+		return false, &Conflict{Msg: fmt.Sprintf("run %s is already %s", s.formatID(seq), r.Status)}
 	case r.Status == store.Starting || r.Status == store.Running:
 		if s.shared != nil {
-			return false, &Conflict{Msg: fmt.Sprintf("run %s is RUNNING on another sidecar sharing the queue: cancel it through the sidecar that delivered it", formatID(seq))}
+			return false, &Conflict{Msg: fmt.Sprintf("run %s is RUNNING on another sidecar sharing the queue: cancel it through the sidecar that delivered it", s.formatID(seq))}
 		}
 		// Admitted by this sidecar since the look above.
 		return false, pause(ctx)

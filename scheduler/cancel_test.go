@@ -81,7 +81,7 @@ func TestCancelRunningRun(t *testing.T) {
 		id := r.Header.Get("x-run-id")
 		io.Copy(io.Discard, r.Body) // net/http watches for the client going away once the body is read
 		w.arrived <- delivery{id: id}
-		if r.Header.Get("x-run-attempt") != "" && id == "1" {
+		if r.Header.Get("x-run-attempt") != "" && mustSeq(id) == 1 {
 			<-r.Context().Done() // hold the delivery until warden drops it
 			aborted <- id
 			return
@@ -93,13 +93,18 @@ func TestCancelRunningRun(t *testing.T) {
   definitions:
     job: {}`, ""))
 	sync := h.submit(`{"name":"job"}`).ID
-	if d := w.next(t); d.id != sync || sync != "1" {
+	if d := w.next(t); d.id != sync || mustSeq(sync) != 1 {
 		t.Fatalf("delivered %s, want run 1", d.id)
 	}
 	next := h.submit(`{"name":"job"}`).ID
 	h.cancel(sync, "", "cancelled through the API")
-	if id := <-aborted; id != sync {
-		t.Fatalf("aborted %s", id)
+	select {
+	case id := <-aborted:
+		if id != sync {
+			t.Fatalf("aborted %s", id)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the cancelled delivery's request was not aborted within 10s")
 	}
 	if d := w.next(t); d.id != next {
 		t.Fatalf("the freed lane went to %s, want %s", d.id, next)

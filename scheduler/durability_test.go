@@ -145,8 +145,9 @@ func TestAcceptedRunSurvivesRestart(t *testing.T) {
 	if again := h2.submit(`{"name":"job","idempotency_key":"k"}`); again.ID != c.ID {
 		t.Fatal("idempotency key not honoured")
 	}
-	if n, _ := strconv.Atoi(c.ID); n <= 2 {
-		t.Fatalf("id %s reused after restart", c.ID)
+	scope := func(id string) string { return id[:strings.LastIndexByte(id, '-')+1] }
+	if mustSeq(c.ID) <= 2 || scope(c.ID) != scope(a.ID) || scope(a.ID) == "" {
+		t.Fatalf("id %s after restart, after %s and %s before it: want the same store scope and a later sequence", c.ID, a.ID, b.ID)
 	}
 }
 

@@ -150,7 +150,7 @@ func (s *Scheduler) serveList(ctx context.Context, c *fasthttp.RequestCtx) {
 	}
 	var after uint64
 	if a := args.Peek("after"); len(a) > 0 {
-		seq, ok := parseID(string(a))
+		seq, ok := s.parseID(string(a))
 		if !ok {
 			writeError(c, fasthttp.StatusBadRequest, "after must be a run id")
 			return

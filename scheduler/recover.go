@@ -93,7 +93,7 @@ func (s *Scheduler) recover(ctx context.Context, c *governor.Controls) error {
 		s.enqueueLocked(&r)
 		s.mu.Unlock()
 		s.log.Info("run interrupted between admission and delivery returned to the queue",
-			"run", formatID(seq), "attempt", r.Attempt, "rate_slot_refunded", refunded)
+			"run", s.formatID(seq), "attempt", r.Attempt, "rate_slot_refunded", refunded)
 	}
 	// Newest admission first: when the runs outnumber a semaphore's
 	// permits, a permit lease expired before the restart (the sweeper
@@ -146,7 +146,7 @@ func (s *Scheduler) resume(r store.Run, now time.Time) {
 			}
 			if len(sem.holders) >= sem.permits {
 				s.log.Warn("running run resumed without its semaphore permit: its lease expired before the restart and a later run holds it",
-					"semaphore", name, "run", formatID(r.Seq))
+					"semaphore", name, "run", s.formatID(r.Seq))
 				continue
 			}
 			sem.holders[a] = 0

@@ -3,6 +3,7 @@ package scheduler
 import (
 	"context"
 	"net/http"
+	"strconv"
 	"testing"
 	"time"
 
@@ -67,7 +68,7 @@ func TestRedeliveredRunHasNoReason(t *testing.T) {
 			if err := st.Update(ctx, &run, store.Of(store.Starting)); err != nil {
 				t.Fatal(err)
 			}
-			return newSidecar(t, db, w, sched, 300*time.Millisecond), formatID(r.Seq)
+			return newSidecar(t, db, w, sched, 300*time.Millisecond), strconv.FormatUint(r.Seq, 10) // a shared store's ids are its sequence
 		}},
 	}
 	for _, tc := range tests {

@@ -41,7 +41,7 @@ func (s *Scheduler) write(r store.Run, prev store.Status, allowed store.Statuses
 		}
 		return
 	}
-	s.log.Error("record "+r.Status.String()+"; retrying", "run", formatID(r.Seq), "err", err)
+	s.log.Error("record "+r.Status.String()+"; retrying", "run", s.formatID(r.Seq), "err", err)
 	s.retryWrite(&pendingWrite{r: r, prev: prev, allowed: allowed}, rewriteFirst)
 }
 
@@ -68,7 +68,7 @@ func (s *Scheduler) retryWrite(p *pendingWrite, delay time.Duration) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.closed {
-		s.log.Warn("closed with a run's record not written; the restart recovers the run", "run", formatID(p.r.Seq), "record", p.r.Status.String())
+		s.log.Warn("closed with a run's record not written; the restart recovers the run", "run", s.formatID(p.r.Seq), "record", p.r.Status.String())
 		return
 	}
 	if old := s.pending[p.r.Seq]; old != nil && old != p {
@@ -97,7 +97,7 @@ func (s *Scheduler) rewrite(p *pendingWrite, delay time.Duration) {
 	switch {
 	case err == nil:
 		if s.dropPending(p.r.Seq, p) {
-			s.log.Info("recorded "+p.r.Status.String()+" after retrying", "run", formatID(p.r.Seq))
+			s.log.Info("recorded "+p.r.Status.String()+" after retrying", "run", s.formatID(p.r.Seq))
 			s.landed(p.r, p.prev)
 		}
 	case moveOn(err):

@@ -4,17 +4,43 @@ import (
 	"context"
 	"errors"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/warden-dev/warden/scheduler/store"
 )
 
-// formatID is a run's public id: its store sequence in decimal.
-func formatID(seq uint64) string { return strconv.FormatUint(seq, 10) }
+// formatID is a run's public id: its store sequence in decimal, after the
+// store's scope and a dash when the store has one (store.IDScoper:
+// "3f9a1c0e52d1-42"), so that ids never repeat across standalone
+// sidecars; a shared store's sequence alone ("42").
+func (s *Scheduler) formatID(seq uint64) string {
+	n := strconv.FormatUint(seq, 10)
+	if sc := s.idScope(); sc != "" {
+		return sc + "-" + n
+	}
+	return n
+}
 
-func parseID(id string) (uint64, bool) {
+// parseID reads an id formatID wrote. A bare sequence is accepted with
+// any store: it is what ids were before stores had scopes, and clients
+// may have kept them. An id scoped to another store names no run here.
+func (s *Scheduler) parseID(id string) (uint64, bool) {
+	if i := strings.LastIndexByte(id, '-'); i >= 0 {
+		if sc := s.idScope(); sc == "" || id[:i] != sc {
+			return 0, false
+		}
+		id = id[i+1:]
+	}
 	seq, err := strconv.ParseUint(id, 10, 64)
 	return seq, err == nil && seq > 0
+}
+
+func (s *Scheduler) idScope() string {
+	if p := s.scope.Load(); p != nil {
+		return *p
+	}
+	return ""
 }
 
 // deliverRun records an admission (STARTING, with the rate window it was
@@ -78,7 +104,7 @@ func (s *Scheduler) startWritten(a *active, err error) {
 			s.unadmit(a, err)
 		}
 		s.log.Error("admission not recorded after the delivery started; the run may reach the worker again with the same attempt",
-			"run", formatID(a.seq), "err", err)
+			"run", s.formatID(a.seq), "err", err)
 	}()
 }
 
@@ -95,7 +121,7 @@ func (s *Scheduler) deliverRecorded(a *active, r store.Run) {
 		a.ctx.cancel() // a drain gave up on deliveries while this one was being recorded
 	}
 
-	reply := s.deliv(&a.ctx, Delivery{RunID: formatID(a.seq), Name: r.Name, Attempt: int(r.Attempt), Tenant: r.Tenant, Input: r.Input})
+	reply := s.deliv(&a.ctx, Delivery{RunID: s.formatID(a.seq), Name: r.Name, Attempt: int(r.Attempt), Tenant: r.Tenant, Input: r.Input})
 	s.handleReply(a, reply)
 }
 
@@ -107,7 +133,7 @@ func (s *Scheduler) admissionFailed(a *active, err error) {
 	a.lease.Refund()
 	s.unadmit(a, err)
 	if !errors.Is(err, store.ErrClosed) && !errors.Is(err, context.Canceled) {
-		s.log.Error("admission not recorded; run returned to the queue", "run", formatID(a.seq), "err", err)
+		s.log.Error("admission not recorded; run returned to the queue", "run", s.formatID(a.seq), "err", err)
 	}
 	// No immediate pass: a failing store would spin. The next event
 	// (submission, completion, boundary) retries.
@@ -269,7 +295,7 @@ func (s *Scheduler) requeue(seq uint64) {
 		delete(s.waits, seq)
 		s.mu.Unlock()
 		if !errors.Is(err, store.ErrConflict) { // a shared store's sweep may have requeued it first
-			s.log.Error("requeue after retry wait", "run", formatID(seq), "err", err)
+			s.log.Error("requeue after retry wait", "run", s.formatID(seq), "err", err)
 		}
 		return
 	}

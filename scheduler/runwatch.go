@@ -19,7 +19,7 @@ var closedCh = func() chan struct{} { c := make(chan struct{}); close(c); return
 // run reaches a final state (already closed when it has); known is false
 // for an id that names no run.
 func (s *Scheduler) Done(id string) (<-chan struct{}, bool) {
-	seq, ok := parseID(id)
+	seq, ok := s.parseID(id)
 	if !ok {
 		return nil, false
 	}

@@ -78,6 +78,7 @@ type Scheduler struct {
 	m    *metrics.Metrics
 
 	cfgPtr atomic.Pointer[config] // nil while stopped
+	scope  atomic.Pointer[string] // the store's store.IDScope, "" without one: run ids (formatID)
 	gauges []prometheus.Gauge     // warden_runs by store status; nil without metrics
 	client *http.Client
 	deliv  DeliverFunc
@@ -229,6 +230,11 @@ func (s *Scheduler) start(ctx context.Context, c *governor.Controls, cfg *config
 	}
 	s.mu.Lock()
 	s.st, s.ownStore = st, own
+	scope := ""
+	if sc, ok := st.(store.IDScoper); ok {
+		scope = sc.IDScope()
+	}
+	s.scope.Store(&scope)
 	s.shared = sh
 	// warden_runs follows this sidecar's own transitions with its own
 	// store; a shared queue's runs move on every sidecar, so there the
@@ -541,7 +547,7 @@ func (s *Scheduler) stop(ctx context.Context) error {
 	for seq, p := range s.pending {
 		p.timer.Stop()
 		delete(s.pending, seq)
-		s.log.Warn("closed with a run's record not written; the restart recovers the run", "run", formatID(seq), "record", p.r.Status.String())
+		s.log.Warn("closed with a run's record not written; the restart recovers the run", "run", s.formatID(seq), "record", p.r.Status.String())
 	}
 	s.npending.Store(0)
 	s.mu.Unlock()

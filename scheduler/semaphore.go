@@ -138,7 +138,7 @@ func (s *Scheduler) sweepLeases() {
 				if a.red != nil {
 					s.dropRedisPermitLocked(a, sem.name)
 				}
-				s.log.Warn("semaphore permit lease expired; permit returned", "semaphore", sem.name, "run", formatID(a.seq))
+				s.log.Warn("semaphore permit lease expired; permit returned", "semaphore", sem.name, "run", s.formatID(a.seq))
 			}
 		}
 	}

@@ -340,7 +340,7 @@ func (s *Scheduler) leaseSharedPermits(a *active, until int64) {
 	ctx, cancel := context.WithTimeout(context.Background(), sharedCallTimeout)
 	defer cancel()
 	if err := s.shared.st.LeasePermits(ctx, s.shared.owner, a.seq, until); err != nil {
-		s.log.Error("lease semaphore permits", "run", formatID(a.seq), "err", err)
+		s.log.Error("lease semaphore permits", "run", s.formatID(a.seq), "err", err)
 	}
 }
 

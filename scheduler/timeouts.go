@@ -136,7 +136,7 @@ func (s *Scheduler) stsFired(dq *defQueue) {
 	for _, x := range expired {
 		r, err := s.st.Get(context.Background(), x.seq)
 		if err != nil {
-			s.log.Error("record schedule_to_start timeout", "run", formatID(x.seq), "err", err)
+			s.log.Error("record schedule_to_start timeout", "run", s.formatID(x.seq), "err", err)
 			continue
 		}
 		if r.Status != store.Queued {

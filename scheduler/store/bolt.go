@@ -30,6 +30,8 @@ type Bolt struct {
 
 	sendMu sync.RWMutex
 	closed bool
+
+	scope string // IDScope, kept in the meta bucket
 }
 
 var (
@@ -38,6 +40,7 @@ var (
 	bucketIdem   = []byte("idem")   // definition NUL idempotency key → seq
 	bucketMeta   = []byte("meta")
 	keyCounts    = []byte("counts") // one uint64 per status
+	keyScope     = []byte("scope")  // IDScope, written when the file is created
 )
 
 // appendFill is the leaf fill for the sequence-keyed buckets; below 1 so an
@@ -70,25 +73,37 @@ func OpenBolt(path string) (*Bolt, error) {
 		}
 		return nil, fmt.Errorf("open run store %s: %w", path, err)
 	}
+	var scope string
 	err = db.Update(func(tx *bolt.Tx) error {
 		for _, b := range [][]byte{bucketRuns, bucketStatus, bucketIdem, bucketMeta} {
 			if _, err := tx.CreateBucketIfNotExists(b); err != nil {
 				return err
 			}
 		}
-		return nil
+		// A store written before scopes existed gets one now: its runs'
+		// plain numeric ids keep resolving (the scheduler accepts both).
+		meta := tx.Bucket(bucketMeta)
+		if v := meta.Get(keyScope); len(v) > 0 {
+			scope = string(v)
+			return nil
+		}
+		scope = newScope()
+		return meta.Put(keyScope, []byte(scope))
 	})
 	if err != nil {
 		db.Close()
 		return nil, fmt.Errorf("open run store %s: %w", path, err)
 	}
-	s := &Bolt{db: db, ops: make(chan *op, maxBatch), stop: make(chan struct{}), done: make(chan struct{})}
+	s := &Bolt{db: db, ops: make(chan *op, maxBatch), stop: make(chan struct{}), done: make(chan struct{}), scope: scope}
 	go s.commitLoop()
 	return s, nil
 }
 
 // Path is the store's file.
 func (s *Bolt) Path() string { return s.db.Path() }
+
+// IDScope implements IDScoper: the token made when the file was created.
+func (s *Bolt) IDScope() string { return s.scope }
 
 type opKind uint8
 

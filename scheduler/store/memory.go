@@ -19,6 +19,7 @@ type Memory struct {
 	idemMu sync.Mutex
 	idem   map[string]uint64
 	closed atomic.Bool
+	scope  string
 }
 
 const memShards = 64
@@ -31,12 +32,16 @@ type memShard struct {
 
 // NewMemory returns an empty store.
 func NewMemory() *Memory {
-	m := &Memory{idem: map[string]uint64{}}
+	m := &Memory{idem: map[string]uint64{}, scope: newScope()}
 	for i := range m.shards {
 		m.shards[i].runs = map[uint64]*Run{}
 	}
 	return m
 }
+
+// IDScope implements IDScoper: each Memory counts from 1 anew, so each
+// has a scope of its own.
+func (m *Memory) IDScope() string { return m.scope }
 
 func (m *Memory) shard(seq uint64) *memShard { return &m.shards[seq%memShards] }
 

@@ -234,3 +234,48 @@ func TestBoltCloseCommitsQueuedStart(t *testing.T) {
 		t.Fatalf("after Close: %s attempt %d, want STARTING attempt 1", got.Status, got.Attempt)
 	}
 }
+
+// A bbolt file keeps the scope it was created with, and another file gets
+// another: run ids built on it never repeat across standalone sidecars or
+// a deleted store.
+func TestIDScope(t *testing.T) {
+	dir := t.TempDir()
+	open := func(name string) *store.Bolt {
+		s, err := store.OpenBolt(filepath.Join(dir, name))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return s
+	}
+	a := open("a.db")
+	scope := a.IDScope()
+	if len(scope) != 12 {
+		t.Fatalf("scope %q, want 12 hex digits", scope)
+	}
+	if err := a.Close(); err != nil {
+		t.Fatal(err)
+	}
+	a = open("a.db")
+	defer a.Close()
+	b := open("b.db")
+	defer b.Close()
+	m1, m2 := store.NewMemory(), store.NewMemory()
+	defer m1.Close()
+	defer m2.Close()
+	tests := []struct {
+		name  string
+		a, b  string
+		equal bool
+	}{
+		{"reopened file", a.IDScope(), scope, true},
+		{"two files", a.IDScope(), b.IDScope(), false},
+		{"two memory stores", m1.IDScope(), m2.IDScope(), false},
+	}
+	for _, tt := range tests {
+		if (tt.a == tt.b) != tt.equal || tt.a == "" {
+			t.Errorf("%s: scopes %q and %q, want equal %v", tt.name, tt.a, tt.b, tt.equal)
+		}
+	}
+	var _ store.IDScoper = a
+	var _ store.IDScoper = m1
+}
