@@ -3,6 +3,10 @@ GO       ?= go
 POLICY   ?= policies.example.yaml
 DATA_DIR ?= ./data
 FUZZTIME ?= 10s
+# What `warden version` prints: the commit when built from a git checkout
+# (machines that set GOFLAGS=-buildvcs=false get no VCS stamp from go build).
+VERSION  ?= $(shell git describe --tags --always --dirty 2>/dev/null)
+LDFLAGS  := -X main.version=$(VERSION)
 # Packages with fuzz targets and the targets to run briefly on every test run.
 FUZZ     := ./policy:FuzzParse ./governor/bridge:FuzzParseStartup ./governor/bridge:FuzzScanners ./proxy/rls:FuzzShouldRateLimit \
             ./scheduler:FuzzParseSubmit ./governor/retry:FuzzRetryAfter ./scheduler:FuzzKeyExpr ./scheduler:FuzzLookupJSON ./scheduler/store:FuzzDecode \
@@ -15,10 +19,10 @@ FUZZ     := ./policy:FuzzParse ./governor/bridge:FuzzParseStartup ./governor/bri
 .PHONY: run build test test-unit fuzz lint vet fmt-check bench-limits bench-proxy bench-scheduler bench-bridge bench-rls clean
 
 run:
-	$(GO) run ./cmd/warden run --policy $(POLICY) --data-dir $(DATA_DIR)
+	$(GO) run -ldflags '$(LDFLAGS)' ./cmd/warden run --policy $(POLICY) --data-dir $(DATA_DIR)
 
 build:
-	$(GO) build -o bin/warden ./cmd/warden
+	$(GO) build -ldflags '$(LDFLAGS)' -o bin/warden ./cmd/warden
 
 # The whole suite: static checks, unit and end-to-end tests with the race
 # detector, then every fuzz target for $(FUZZTIME).
