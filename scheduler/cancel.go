@@ -14,7 +14,11 @@ const ControlCancelled = "cancelled"
 
 // cancelTries bounds how often Cancel looks again after losing a race
 // with another transition of the run (an admission, a retry wait ending).
-const cancelTries = 8
+// Every lost race is the run moving on, and a loaded machine (a group
+// commit's fsync, goroutines waiting for a core) can take milliseconds per
+// move: with pause's backoff the tries span about 2.6 s before Cancel gives
+// up with "try again".
+const cancelTries = 32
 
 // Cancel ends a run that has not finished: CANCELLED, control "cancelled",
 // reason as given. A waiting run leaves the queue; a run in RETRY_WAIT is
@@ -34,8 +38,8 @@ func (s *Scheduler) Cancel(ctx context.Context, id, reason string) (RunView, err
 	if reason == "" {
 		reason = "cancelled through the API"
 	}
-	for range cancelTries {
-		done, err := s.cancelOnce(ctx, seq, reason)
+	for try := range cancelTries {
+		done, err := s.cancelOnce(ctx, seq, reason, try)
 		if err != nil {
 			return RunView{}, err
 		}
@@ -52,7 +56,7 @@ func (s *Scheduler) Cancel(ctx context.Context, id, reason string) (RunView, err
 
 // cancelOnce tries to cancel seq where it is now. done false: the run
 // moved meanwhile, look again.
-func (s *Scheduler) cancelOnce(ctx context.Context, seq uint64, reason string) (bool, error) {
+func (s *Scheduler) cancelOnce(ctx context.Context, seq uint64, reason string, try int) (bool, error) {
 	s.mu.Lock()
 	if a := s.active[seq]; a != nil {
 		s.mu.Unlock()
@@ -60,13 +64,13 @@ func (s *Scheduler) cancelOnce(ctx context.Context, seq uint64, reason string) (
 			// Its STARTING record is being written, within a group
 			// commit: once written it is delivering (and cancelled
 			// below), if the write fails it is queued again.
-			return false, pause(ctx)
+			return false, pause(ctx, try)
 		}
 		if s.finish(a, store.Cancelled, nil, reason, ControlCancelled) {
 			return true, nil
 		}
 		// Ended or left for a retry wait meanwhile; the loop lets it go.
-		return false, pause(ctx)
+		return false, pause(ctx, try)
 	}
 	var from store.Status
 	waited := false
@@ -97,7 +101,7 @@ func (s *Scheduler) cancelOnce(ctx context.Context, seq uint64, reason string) (
 			return false, &Conflict{Msg: fmt.Sprintf("run %s is RUNNING on another sidecar sharing the queue: cancel it through the sidecar that delivered it", s.formatID(seq))}
 		}
 		// Admitted by this sidecar since the look above.
-		return false, pause(ctx)
+		return false, pause(ctx, try)
 	}
 	if from == 0 && (!waited || r.Status == store.RetryWait || r.Status == store.Scheduled) {
 		// Taken from a wait (the store says which), or not in this
@@ -147,9 +151,10 @@ func (s *Scheduler) restore(from store.Status, seq uint64) {
 }
 
 // pause lets a transition in progress land before Cancel looks again: a
-// STARTING write is one group commit.
-func pause(ctx context.Context) error {
-	t := time.NewTimer(time.Millisecond)
+// STARTING write is one group commit. It waits 1 ms on the first try,
+// twice as long on each next one, at most 100 ms.
+func pause(ctx context.Context, try int) error {
+	t := time.NewTimer(min(time.Millisecond<<min(try, 7), 100*time.Millisecond))
 	defer t.Stop()
 	select {
 	case <-t.C:
