@@ -40,7 +40,7 @@ func TestDrainFinishesInFlightAndKeepsTheQueue(t *testing.T) {
 		t.Fatalf("run submitted during the drain is %s, want QUEUED", during.Status)
 	}
 	g.release(first.ID)
-	if err := <-errc; err != nil {
+	if err := recv(t, errc, "the drain"); err != nil {
 		t.Fatalf("drain: %v", err)
 	}
 	if n := len(w.deliveries()); n != 1 {

@@ -113,6 +113,20 @@ func (w *worker) max() int {
 }
 
 // next waits for the next delivery.
+// recv waits for a value on ch; after 10 s it fails the test instead of
+// hanging the package until go test's timeout.
+func recv[T any](t *testing.T, ch <-chan T, what string) T {
+	t.Helper()
+	select {
+	case v := <-ch:
+		return v
+	case <-time.After(10 * time.Second):
+		t.Fatalf("%s: nothing within 10s", what)
+		var zero T
+		return zero
+	}
+}
+
 func (w *worker) next(t *testing.T) delivery {
 	t.Helper()
 	select {

@@ -197,7 +197,7 @@ func TestSectionRemovedAndRestored(t *testing.T) {
 	go func() { reloaded <- h.reload(without) }()
 	h.waitUntil("draining", func(s *Scheduler) bool { return s.draining })
 	g.release(first.ID) // the delivery in flight finishes within the grace
-	if err := <-reloaded; err != nil {
+	if err := recv(t, reloaded, "the reload"); err != nil {
 		t.Fatalf("reload without a scheduler: %v", err)
 	}
 	// Off is not unready: a sidecar without a scheduler section serves

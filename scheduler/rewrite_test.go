@@ -48,14 +48,14 @@ func TestRecordWrittenAfterStoreOutage(t *testing.T) {
 	}{
 		{name: "worker's 200", def: `job: {}`, answer: []int{200},
 			during: func(t *testing.T, h *harness, o *outage, id string) string {
-				if st := <-o.refused; st != store.Completed {
+				if st := recv(t, o.refused, "the refused write"); st != store.Completed {
 					t.Fatalf("refused write of %v", st)
 				}
 				return "COMPLETED"
 			}, want: "COMPLETED"},
 		{name: "worker's 500, retried", def: `job: { retry: { count: 1, delay: 1s, jitter: 0 } }`, answer: []int{500, 200},
 			during: func(t *testing.T, h *harness, o *outage, id string) string {
-				if st := <-o.refused; st != store.RetryWait {
+				if st := recv(t, o.refused, "the refused write"); st != store.RetryWait {
 					t.Fatalf("refused write of %v", st)
 				}
 				return "RETRY_WAIT"
@@ -72,7 +72,7 @@ func TestRecordWrittenAfterStoreOutage(t *testing.T) {
 			}},
 		{name: "worker's 202, then complete", def: `job: {}`, answer: []int{202},
 			during: func(t *testing.T, h *harness, o *outage, id string) string {
-				if st := <-o.refused; st != store.Running {
+				if st := recv(t, o.refused, "the refused write"); st != store.Running {
 					t.Fatalf("refused write of %v", st)
 				}
 				r := h.do("POST", "/"+id+"/complete", `{"status":"COMPLETED","output":{"n":1}}`)
@@ -137,7 +137,7 @@ func TestTimeoutWrittenAfterStoreOutage(t *testing.T) {
 	second := h.submit(`{"name":"job"}`)
 	o.down.Store(true)
 	h.fake.Advance(30 * time.Second)
-	if st := <-o.refused; st != store.TimedOut {
+	if st := recv(t, o.refused, "the refused write"); st != store.TimedOut {
 		t.Fatalf("refused write of %v", st)
 	}
 	if v := h.get(second.ID); v.Status != "TIMED_OUT" {

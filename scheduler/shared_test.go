@@ -482,7 +482,7 @@ func TestSharedStoreDrainStopsClaiming(t *testing.T) {
 		b.waitStatus(id, "COMPLETED")
 	}
 	open()
-	if err := <-drained; err != nil {
+	if err := recv(t, drained, "the drain"); err != nil {
 		t.Fatal(err)
 	}
 	for _, id := range first {

@@ -5,6 +5,7 @@ import (
 	"path/filepath"
 	"testing"
 
+	bolt "go.etcd.io/bbolt"
 	"go.uber.org/goleak"
 
 	"github.com/warden-dev/warden/scheduler/store"
@@ -278,4 +279,40 @@ func TestIDScope(t *testing.T) {
 	}
 	var _ store.IDScoper = a
 	var _ store.IDScoper = m1
+}
+
+// A file written before stores had scopes (no scope in its meta bucket)
+// gets one at its next open and keeps its runs.
+func TestIDScopeAddedToAnOlderFile(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "runs.db")
+	s, err := store.OpenBolt(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := &store.Run{Name: "job", Status: store.Queued, Input: []byte(`{}`)}
+	if _, err := s.Submit(t.Context(), r); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	db, err := bolt.Open(path, 0o600, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = db.Update(func(tx *bolt.Tx) error { return tx.Bucket([]byte("meta")).Delete([]byte("scope")) })
+	if cerr := db.Close(); err != nil || cerr != nil {
+		t.Fatalf("strip the scope: %v %v", err, cerr)
+	}
+	s, err = store.OpenBolt(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	if len(s.IDScope()) != 12 {
+		t.Fatalf("scope %q after opening an older file, want a new one", s.IDScope())
+	}
+	if got, err := s.Get(t.Context(), r.Seq); err != nil || got.Name != "job" {
+		t.Fatalf("the older file's run: %+v %v", got, err)
+	}
 }
