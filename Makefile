@@ -91,11 +91,10 @@ bench-scheduler:
 
 # The data plane against nginx and HAProxy (installed when missing), plus
 # the allocations per proxied request from the handler benchmarks.
-bench-proxy:
+bench-proxy: build
 	@mkdir -p bench/out
 	@command -v nginx >/dev/null 2>&1 || DEBIAN_FRONTEND=noninteractive apt-get install -y nginx >/dev/null || echo "nginx missing: its row stays empty"
 	@command -v haproxy >/dev/null 2>&1 || DEBIAN_FRONTEND=noninteractive apt-get install -y haproxy >/dev/null || echo "haproxy missing: its row stays empty"
-	$(GO) build -o bin/warden ./cmd/warden
 	$(GO) test -run='^$$' -bench='IngressHandler|EgressHandler' -benchmem -count=1 ./proxy/ingress ./proxy/egress | tee bench/out/proxy-allocs.txt
 	$(GO) run ./bench/cmd/benchproxy -warden bin/warden -out bench/out
 

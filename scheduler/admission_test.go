@@ -373,11 +373,22 @@ func TestCrashedHolderPermitReturnsAfterLease(t *testing.T) {
 	}
 }
 
-// mustSeq is the store sequence of a run id of any store.
-func mustSeq(id string) uint64 {
-	seq, err := strconv.ParseUint(id[strings.LastIndexByte(id, '-')+1:], 10, 64)
+// idParts cuts a run id of any store into its scope ("" for a shared
+// store's bare sequence) and its sequence.
+func idParts(id string) (scope string, seq uint64) {
+	scope, n, scoped := strings.Cut(id, "-")
+	if !scoped {
+		scope, n = "", id
+	}
+	seq, err := strconv.ParseUint(n, 10, 64)
 	if err != nil || seq == 0 {
 		panic("bad id " + id)
 	}
+	return scope, seq
+}
+
+// mustSeq is the store sequence of a run id of any store.
+func mustSeq(id string) uint64 {
+	_, seq := idParts(id)
 	return seq
 }

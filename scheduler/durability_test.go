@@ -145,8 +145,8 @@ func TestAcceptedRunSurvivesRestart(t *testing.T) {
 	if again := h2.submit(`{"name":"job","idempotency_key":"k"}`); again.ID != c.ID {
 		t.Fatal("idempotency key not honoured")
 	}
-	scope := func(id string) string { return id[:strings.LastIndexByte(id, '-')+1] }
-	if mustSeq(c.ID) <= 2 || scope(c.ID) != scope(a.ID) || scope(a.ID) == "" {
+	scopeA, _ := idParts(a.ID)
+	if scopeC, seqC := idParts(c.ID); seqC <= 2 || scopeC != scopeA || scopeA == "" {
 		t.Fatalf("id %s after restart, after %s and %s before it: want the same store scope and a later sequence", c.ID, a.ID, b.ID)
 	}
 }

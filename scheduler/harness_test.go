@@ -112,7 +112,6 @@ func (w *worker) max() int {
 	return w.maxSeen
 }
 
-// next waits for the next delivery.
 // recv waits for a value on ch; after 10 s it fails the test instead of
 // hanging the package until go test's timeout.
 func recv[T any](t *testing.T, ch <-chan T, what string) T {
@@ -127,15 +126,10 @@ func recv[T any](t *testing.T, ch <-chan T, what string) T {
 	}
 }
 
+// next waits for the next delivery.
 func (w *worker) next(t *testing.T) delivery {
 	t.Helper()
-	select {
-	case d := <-w.arrived:
-		return d
-	case <-time.After(10 * time.Second):
-		t.Fatal("no delivery reached the worker within 10s")
-		return delivery{}
-	}
+	return recv(t, w.arrived, "a delivery to the worker")
 }
 
 // none checks that nothing reaches the worker while the scheduler settles.

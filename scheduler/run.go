@@ -26,11 +26,11 @@ func (s *Scheduler) formatID(seq uint64) string {
 // any store: it is what ids were before stores had scopes, and clients
 // may have kept them. An id scoped to another store names no run here.
 func (s *Scheduler) parseID(id string) (uint64, bool) {
-	if i := strings.LastIndexByte(id, '-'); i >= 0 {
-		if sc := s.idScope(); sc == "" || id[:i] != sc {
+	if scope, seq, scoped := strings.Cut(id, "-"); scoped {
+		if sc := s.idScope(); sc == "" || scope != sc {
 			return 0, false
 		}
-		id = id[i+1:]
+		id = seq
 	}
 	seq, err := strconv.ParseUint(id, 10, 64)
 	return seq, err == nil && seq > 0

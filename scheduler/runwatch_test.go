@@ -3,7 +3,6 @@ package scheduler
 import (
 	"net/http"
 	"testing"
-	"time"
 )
 
 // The bridge closes a run's database sessions when Done's channel closes.
@@ -32,11 +31,7 @@ func TestDoneClosesWhenTheRunEnds(t *testing.T) {
 	if r := h.do("POST", "/"+id+"/complete", `{"status":"COMPLETED"}`); r.code != 200 {
 		t.Fatalf("complete: %d %s", r.code, r.body)
 	}
-	select {
-	case <-ended:
-	case <-time.After(10 * time.Second):
-		t.Fatal("Done not closed after the run completed")
-	}
+	recv(t, ended, "Done closed after the run completed")
 	again, known := h.sched.Done(id)
 	if !known {
 		t.Fatal("finished run unknown")
