@@ -29,6 +29,16 @@ const (
 	defaultOnError = "fail_open"
 	// The tenant header SPEC §4 and §6 use throughout.
 	defaultTenantHeader = "x-tenant-id"
+	// Distinct tenants per window a cap keeps apart: the 100,000 tenants
+	// make bench-limits measures, some 10 MB of window entries.
+	defaultTenantMaxKeys = 100_000
+
+	// Slow clients on the data-plane listeners: nginx's
+	// client_header_timeout and client_body_timeout (60 s each, the body's
+	// between two reads), and Go's http.Transport idle timeout.
+	defaultHeaderTimeout   = 60 * time.Second
+	defaultBodyIdleTimeout = 60 * time.Second
+	defaultListenerIdle    = 90 * time.Second
 
 	// Egress targets, unless egress.defaults or the target says otherwise.
 	defaultTargetTimeout = 10 * time.Second // whole exchange, SPEC §5
@@ -97,8 +107,9 @@ func applyDefaults(p *Policy, d *decoder) {
 	def(d, "backend.kind", &p.Backend.Kind, defaultBackendKind)
 	def(d, "backend.on_error", &p.Backend.OnError, defaultOnError)
 
-	if in := p.Ingress; in != nil && in.Tenant != nil {
-		def(d, "ingress.tenant.header", &in.Tenant.Header, defaultTenantHeader)
+	if in := p.Ingress; in != nil {
+		tenantDefaults(d, "ingress.tenant", in.Tenant)
+		timeoutDefaults(d, "ingress.timeouts", &in.Timeouts)
 	}
 
 	eff := targetDefaults(p, d)
@@ -106,9 +117,8 @@ func applyDefaults(p *Policy, d *decoder) {
 		// allow_unlisted defaults to true: adding warden in front of a
 		// worker must not cut it off from hosts nobody has listed yet.
 		def(d, "egress.allow_unlisted", &e.AllowUnlisted, true)
-		if e.Tenant != nil {
-			def(d, "egress.tenant.header", &e.Tenant.Header, defaultTenantHeader)
-		}
+		tenantDefaults(d, "egress.tenant", e.Tenant)
+		timeoutDefaults(d, "egress.timeouts", &e.Timeouts)
 		e.Defaults = eff
 	}
 	for i := range p.Targets {
@@ -147,6 +157,20 @@ func applyDefaults(p *Policy, d *decoder) {
 			s.Definitions[name] = dfn
 		}
 	}
+}
+
+func tenantDefaults(d *decoder, path string, c *TenantCap) {
+	if c == nil {
+		return
+	}
+	def(d, path+".header", &c.Header, defaultTenantHeader)
+	def(d, path+".max_keys", &c.MaxKeys, defaultTenantMaxKeys)
+}
+
+func timeoutDefaults(d *decoder, path string, t *ListenerTimeouts) {
+	def(d, path+".header", &t.Header, defaultHeaderTimeout)
+	def(d, path+".body_idle", &t.BodyIdle, defaultBodyIdleTimeout)
+	def(d, path+".idle", &t.Idle, defaultListenerIdle)
 }
 
 // targetDefaults is egress.defaults with the built-ins filled in: what a

@@ -76,6 +76,18 @@ type Ingress struct {
 	Timeout time.Duration    `yaml:"timeout"` // 0: the worker's answer is not bounded
 	Tenant  *TenantCap       `yaml:"tenant"`
 	Tenants map[string]Limit `yaml:"tenants"`
+	// MaxConnections caps the client connections the listener holds; 0
+	// (the key absent) means the default derived from the file limit.
+	MaxConnections int              `yaml:"max_connections" check:"min=1"`
+	Timeouts       ListenerTimeouts `yaml:"timeouts"`
+}
+
+// ListenerTimeouts bound what a slow client can hold on a data-plane
+// listener.
+type ListenerTimeouts struct {
+	Header   time.Duration `yaml:"header" check:"positive"`    // a request head must arrive whole within this
+	BodyIdle time.Duration `yaml:"body_idle" check:"positive"` // longest gap between reads of a request body
+	Idle     time.Duration `yaml:"idle" check:"positive"`      // a keep-alive connection idle this long is closed
 }
 
 // Egress is the worker's outbound proxy.
@@ -86,6 +98,10 @@ type Egress struct {
 	Tenant        *TenantCap       `yaml:"tenant"`
 	Tenants       map[string]Limit `yaml:"tenants"`
 	Defaults      TargetDefaults   `yaml:"defaults"`
+	// MaxConnections and Timeouts apply to each egress listener (HTTP and
+	// gRPC) on its own; MaxConnections 0 means derived from the file limit.
+	MaxConnections int              `yaml:"max_connections" check:"min=1"`
+	Timeouts       ListenerTimeouts `yaml:"timeouts"`
 }
 
 // TenantCap is the default per-tenant fixed-window cap and where the tenant
@@ -94,6 +110,9 @@ type TenantCap struct {
 	Header string `yaml:"header" check:"header"`
 	Rate   int    `yaml:"rate" check:"required"`
 	Window Window `yaml:"window" check:"required"`
+	// MaxKeys caps the distinct tenants held in memory per window; tenants
+	// first seen beyond it share one overflow window (governor/tenant).
+	MaxKeys int `yaml:"max_keys" check:"min=1"`
 }
 
 // Limit is a rate per fixed window.
