@@ -42,6 +42,15 @@ type Metrics struct {
 	BackendDegraded prometheus.Gauge
 	BackendLatency  *prometheus.HistogramVec // op
 	BackendErrors   *prometheus.CounterVec   // op
+
+	// Hostile load on the data-plane listeners (SPEC §12).
+	ListenerConnections  *prometheus.GaugeVec   // listener: client connections held
+	ListenerRefused      *prometheus.CounterVec // listener: closed at accept, over max_connections
+	ListenerAcceptErrors *prometheus.CounterVec // listener: temporary accept errors retried
+	ListenerRestarts     *prometheus.CounterVec // listener: accept loops restarted after ending unexpectedly
+	ListenerTimeouts     *prometheus.CounterVec // listener, reason (header, body_idle, idle)
+	TenantOverflow       *prometheus.CounterVec // listener: requests counted in the overflow window
+	UnrequestedBytes     *prometheus.CounterVec // listener: pooled upstream connections closed holding unread bytes
 }
 
 // latencyBuckets span 50µs..10s: proxied requests are fast, upstream
@@ -125,12 +134,35 @@ func New() *Metrics {
 	m.BackendErrors = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "warden_backend_errors_total", Help: "Shared backend call errors, by operation.",
 	}, []string{"op"})
+	m.ListenerConnections = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "warden_listener_connections", Help: "Client connections a data-plane listener holds.",
+	}, []string{"listener"})
+	m.ListenerRefused = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "warden_listener_refused_total", Help: "Client connections closed as soon as accepted because the listener held max_connections.",
+	}, []string{"listener"})
+	m.ListenerAcceptErrors = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "warden_listener_accept_errors_total", Help: "Temporary accept errors (out of file descriptors or memory, aborted connections), each retried after a backoff.",
+	}, []string{"listener"})
+	m.ListenerRestarts = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "warden_listener_restarts_total", Help: "Times a listener's accept loop ended unexpectedly and was started again on the same socket.",
+	}, []string{"listener"})
+	m.ListenerTimeouts = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "warden_listener_timeouts_total", Help: "Client connections ended by a slow-client timeout, by reason (header, body_idle, idle).",
+	}, []string{"listener", "reason"})
+	m.TenantOverflow = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "warden_tenant_overflow_total", Help: "Requests of tenants first seen beyond tenant.max_keys, counted in the shared overflow window.",
+	}, []string{"listener"})
+	m.UnrequestedBytes = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "warden_upstream_unrequested_bytes_total", Help: "Pooled upstream or worker connections closed instead of reused because they held bytes nobody asked for.",
+	}, []string{"listener"})
 
 	for _, c := range []prometheus.Collector{
 		m.Requests, m.RequestDuration, m.Rejections, m.BreakerState, m.PoolWindowCount,
 		m.PoolInFlight, m.PoolQueued, m.Retries, m.Runs, m.RunsPurged, m.RunQueueWait, m.BridgeConnections,
 		m.BridgeWaiting, m.BridgeWait, m.BridgeReaped, m.PolicyReloads, m.PolicyReloadErrors,
 		m.PolicyInfo, m.BackendDegraded, m.BackendLatency, m.BackendErrors,
+		m.ListenerConnections, m.ListenerRefused, m.ListenerAcceptErrors, m.ListenerRestarts,
+		m.ListenerTimeouts, m.TenantOverflow, m.UnrequestedBytes,
 		prometheus.NewGoCollector(), prometheus.NewProcessCollector(prometheus.ProcessCollectorOpts{}),
 	} {
 		f(c)
