@@ -88,17 +88,16 @@ func (s *sender) Write(p []byte) (int, error) {
 	return s.nc.Write(p)
 }
 
-// alive reports whether an idle connection can still carry a request: the
-// upstream has neither closed it nor sent anything unasked (a 408, a TLS
-// close_notify). It peeks at the socket without blocking; where it cannot,
-// a connection the upstream closed is found out by the exchange that picks
-// it.
-func (c *Conn) alive() bool {
+// idleState is what an idle connection holds on its way out of the pool:
+// PeekNothing (or PeekUnknown, where the socket cannot be asked) means it
+// can carry a request; PeekData means the upstream sent bytes nobody asked
+// for (a second response, a 408, a TLS close_notify); PeekClosed means it
+// closed. It peeks at the socket without blocking.
+func (c *Conn) idleState() rawio.Peeked {
 	if c.br.Buffered() > 0 {
-		return false
+		return rawio.PeekData
 	}
-	p := rawio.Peek(c.raw)
-	return p == rawio.PeekNothing || p == rawio.PeekUnknown
+	return rawio.Peek(c.raw)
 }
 
 func (c *Conn) close() { _ = c.nc.Close() }

@@ -8,6 +8,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/warden-dev/warden/internal/rawio"
 )
 
 // Config is the settings of one pool.
@@ -163,20 +165,26 @@ func (p *Pool) dialSlot(deadline time.Time) (*Conn, error) {
 	return c, nil
 }
 
-// ProbeAfter is how long a connection must have been idle before it is
-// probed for a close by the upstream on its way out of the pool. Under load
-// connections come back within microseconds (the idle list is a stack), and
-// probing each would cost a system call per exchange; an upstream whose
-// idle timeout is shorter than this is not expected.
-const ProbeAfter = 10 * time.Millisecond
-
 // usable reports whether an idle connection may carry another exchange.
+// Every connection is peeked at before reuse, however briefly it was idle:
+// bytes an upstream writes unasked after its answer (a buggy or hostile
+// one writes a second response a few milliseconds later) would otherwise
+// be read as the answer to the next request, which may be another
+// client's. The peek is one non-blocking system call per reused exchange.
+// What arrives after the peek, while the next request is on its way, no
+// HTTP/1.1 client can tell from an answer.
 func (p *Pool) usable(c *Conn) bool {
 	now := p.set.ticks()
 	if now-c.born >= p.lifeTicks || (p.idleTicks > 0 && now-c.idleFrom >= p.idleTicks) {
 		return false
 	}
-	return p.set.clk.Now().Sub(c.idleAt) < ProbeAfter || c.alive()
+	switch c.idleState() {
+	case rawio.PeekNothing, rawio.PeekUnknown:
+		return true
+	case rawio.PeekData:
+		p.set.countUnrequested()
+	}
+	return false
 }
 
 // release returns c after an exchange. reuse is false when the exchange
@@ -185,10 +193,12 @@ func (p *Pool) release(c *Conn, reuse bool) {
 	// Bytes already read past the end of the response (a body after a HEAD
 	// answer, more than Content-Length) are nobody's answer: reused, the
 	// connection would hand them to the next client as its response, and
-	// every response after that to the client after. The probe in usable
-	// only runs after a janitor tick, so this is checked here, where it
-	// costs no system call.
-	reuse = reuse && c.br.Buffered() == 0
+	// every response after that to the client after. Checked here as well
+	// as in usable, because here it costs no system call.
+	if reuse && c.br.Buffered() > 0 {
+		p.set.countUnrequested()
+		reuse = false
+	}
 	now, at := p.set.ticks(), p.set.clk.Now()
 	p.mu.Lock()
 	if reuse && !p.closed && now-c.born < p.lifeTicks {

@@ -25,6 +25,8 @@ type Set struct {
 
 	stop chan struct{}
 	done chan struct{}
+
+	unrequested func() // counts connections dropped for unread bytes; may be nil
 }
 
 // NewSet starts a set whose janitor runs every tick (DefaultTick when 0)
@@ -42,6 +44,17 @@ func NewSet(clk clock.Clock, tick time.Duration) *Set {
 }
 
 func (s *Set) ticks() int64 { return s.now.Load() }
+
+// OnUnrequested makes f count each connection closed instead of reused
+// because it held bytes nobody asked for. Call it before the set's pools
+// are used.
+func (s *Set) OnUnrequested(f func()) { s.unrequested = f }
+
+func (s *Set) countUnrequested() {
+	if s.unrequested != nil {
+		s.unrequested()
+	}
+}
 
 // Pool returns the pool for key with settings cfg: the existing one when
 // its settings are unchanged, else a new one (the old one is closed: it

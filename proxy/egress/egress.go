@@ -68,6 +68,7 @@ func New(opts Options) *Egress {
 		pools:     connpool.NewSet(opts.Clock, 0),
 		tlsBase:   base,
 	}
+	e.pools.OnUnrequested(e.stats.Unrequested)
 	e.slot = listener.NewSlot("egress", opts.Clock, opts.Log, func(addr string) (listener.Server, error) {
 		srv := listener.ProxyServer(e.handle, e.refuse, opts.Log)
 		srv.ExpectHandler = e.expect

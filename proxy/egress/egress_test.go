@@ -490,3 +490,16 @@ func TestDate(t *testing.T) {
 	f := start(t, egressPolicy("  allow_unlisted: false", "targets:\n"+target("api", []string{"api.test"}, up.URL, "")), nil)
 	fasttest.CheckDate(t, f.addr, "http://api.test", "api.test")
 }
+
+// TestUnrequestedBytesNeverReachAnotherClient: an upstream that writes a
+// second response nobody asked for after each answer; the next request,
+// another client's, must get its own answer (issue 30: before every reuse
+// was peeked at, a connection idle under 10 ms was reused unchecked, and
+// the next client got the unrequested response).
+func TestUnrequestedBytesNeverReachAnotherClient(t *testing.T) {
+	up := fasttest.StartRogueUpstream(t)
+	f := start(t, egressPolicy("  allow_unlisted: true", ""), nil)
+	fasttest.CheckNoCrossedAnswers(t, f.addr, func(path string) string {
+		return "GET http://" + up.Addr + path + " HTTP/1.1\r\nHost: " + up.Addr + "\r\n\r\n"
+	}, up, f.gov.Metrics, "egress")
+}

@@ -95,6 +95,7 @@ func New(opts Options) *Ingress {
 		stats:     stats.NewListener("ingress", opts.Metrics),
 		pools:     connpool.NewSet(opts.Clock, 0),
 	}
+	g.pools.OnUnrequested(g.stats.Unrequested)
 	g.slot = listener.NewSlot("ingress", opts.Clock, opts.Log, func(addr string) (listener.Server, error) {
 		srv := listener.ProxyServer(g.handle, g.refuseUnread, opts.Log)
 		srv.ExpectHandler = g.expect

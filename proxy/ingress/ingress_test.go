@@ -974,3 +974,14 @@ func TestDate(t *testing.T) {
 	f := startAt(t, "", strings.TrimPrefix(up.URL, "http://"))
 	fasttest.CheckDate(t, f.addr, "", "worker.test")
 }
+
+// TestUnrequestedBytesNeverReachAnotherClient: a worker that writes a
+// second response nobody asked for after each answer; the next request,
+// another client's, must get its own answer.
+func TestUnrequestedBytesNeverReachAnotherClient(t *testing.T) {
+	w := fasttest.StartRogueUpstream(t)
+	f := startAt(t, "", w.Addr)
+	fasttest.CheckNoCrossedAnswers(t, f.addr, func(path string) string {
+		return "GET " + path + " HTTP/1.1\r\nHost: app.test\r\n\r\n"
+	}, w, f.gov.Metrics, "ingress")
+}

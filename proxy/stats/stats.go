@@ -39,6 +39,14 @@ func NewListener(name string, m *metrics.Metrics) *Listener {
 // Name is the listener label.
 func (l *Listener) Name() string { return l.name }
 
+// Unrequested counts one pooled upstream connection closed because it held
+// bytes nobody asked for (connpool.Set.OnUnrequested).
+func (l *Listener) Unrequested() {
+	if l.m != nil {
+		l.m.UnrequestedBytes.WithLabelValues(l.name).Inc()
+	}
+}
+
 // Target returns the children of target name, creating them once.
 func (l *Listener) Target(name string) *Target {
 	l.mu.Lock()
