@@ -1,9 +1,7 @@
 package listener
 
 import (
-	"errors"
 	"log/slog"
-	"net"
 	"time"
 
 	"github.com/valyala/fasthttp"
@@ -44,7 +42,7 @@ func ProxyServer(h fasthttp.RequestHandler, refuse func(ctx *fasthttp.RequestCtx
 	return &fasthttp.Server{
 		Handler: h,
 		ErrorHandler: func(ctx *fasthttp.RequestCtx, err error) {
-			refuse(ctx, parseErrorStatus(err), "malformed request: "+err.Error())
+			refuse(ctx, parseErrorStatus(err), parseErrorMessage(err))
 		},
 		ReadBufferSize: 8 << 10,
 		IdleTimeout:    idleTimeout,
@@ -64,19 +62,4 @@ func ProxyServer(h fasthttp.RequestHandler, refuse func(ctx *fasthttp.RequestCtx
 		CloseOnShutdown:       true,
 		Logger:                slog.NewLogLogger(log.Handler(), slog.LevelDebug),
 	}
-}
-
-// parseErrorStatus is fasthttp's own choice of status for a request it
-// could not read: 431 for a head over the read buffer, 408 for a read
-// that timed out, else 400.
-func parseErrorStatus(err error) int {
-	var small *fasthttp.ErrSmallBuffer
-	var ne net.Error
-	switch {
-	case errors.As(err, &small):
-		return fasthttp.StatusRequestHeaderFieldsTooLarge
-	case errors.As(err, &ne) && ne.Timeout():
-		return fasthttp.StatusRequestTimeout
-	}
-	return fasthttp.StatusBadRequest
 }
