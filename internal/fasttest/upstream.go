@@ -155,6 +155,21 @@ func WaitFor(t testing.TB, what string, cond func() bool) {
 	}
 }
 
+// Within receives from ch, failing the test when nothing comes in 10 s.
+func Within[T any](t testing.TB, ch <-chan T, what string) T {
+	t.Helper()
+	timeout := time.NewTimer(10 * time.Second) // a failure bound
+	defer timeout.Stop()
+	select {
+	case v := <-ch:
+		return v
+	case <-timeout.C:
+		t.Fatalf("timed out waiting for %s", what)
+		var zero T
+		return zero
+	}
+}
+
 // quiet drops fasthttp's log lines (its warning about Request.Body() on a
 // streamed body is expected from test handlers).
 type quiet struct{}
