@@ -14,7 +14,9 @@ import (
 // applyAdmin.
 func (a *App) newAdminSlot() *listener.Slot {
 	a.adminAPI = admin.New(admin.Config{Metrics: a.metrics, Sources: a.adminSources(), Log: a.log})
-	lc := listener.Config{Name: "admin", Metrics: a.metrics, Clock: a.clk, Log: a.log}
+	// Not a data-plane listener: its connections are not in the listener
+	// metrics (Metrics nil).
+	lc := listener.Config{Name: "admin", Clock: a.clk, Log: a.log}
 	return listener.NewSlot("admin listener", a.clk, a.log, func(addr string, lim listener.Limits) (listener.Server, error) {
 		return listener.StartHTTP(addr, &http.Server{Handler: a.adminAPI, ReadHeaderTimeout: 10 * time.Second}, lim, lc)
 	})
