@@ -113,10 +113,15 @@ func after(d time.Duration) time.Time {
 }
 
 func (c *conn) Read(p []byte) (int, error) {
-	ph := phase(c.phase.Load())
-	if ph == phaseBody {
+	if phase(c.phase.Load()) == phaseBody {
 		return c.readBody(p)
 	}
+	return c.read(p)
+}
+
+// read reads under the deadline the phase has set.
+func (c *conn) read(p []byte) (int, error) {
+	ph := phase(c.phase.Load())
 	n, err := c.Conn.Read(p)
 	if err != nil && ph != phaseOff && errors.Is(err, os.ErrDeadlineExceeded) {
 		if ph == phaseIdle {
@@ -132,6 +137,11 @@ func (c *conn) Read(p []byte) (int, error) {
 // handler's when that comes first.
 func (c *conn) readBody(p []byte) (int, error) {
 	c.mu.Lock()
+	if phase(c.phase.Load()) != phaseBody {
+		// Hijacked meanwhile: a tunnel's read, under the tunnel's deadline.
+		c.mu.Unlock()
+		return c.read(p)
+	}
 	c.gap = after(c.to.BodyIdle)
 	_ = c.Conn.SetReadDeadline(c.deadlineLocked())
 	c.mu.Unlock()

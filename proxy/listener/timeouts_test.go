@@ -247,6 +247,36 @@ func TestHandlerDeadlineBeforeBodyIdle(t *testing.T) {
 	}
 }
 
+// A hijacked connection (a tunnel, a WebSocket) is the hijacker's: no
+// listener timeout runs on it, however long it stays quiet.
+func TestHijackedConnectionKeepsNoTimeout(t *testing.T) {
+	const short = 100 * time.Millisecond
+	h := func(ctx *fasthttp.RequestCtx) {
+		ctx.HijackSetNoResponse(true)
+		ctx.Hijack(func(c net.Conn) {
+			_ = c.SetDeadline(time.Time{}) // as splice.Set.Hijack does
+			buf := make([]byte, 4)
+			if _, err := io.ReadFull(c, buf); err == nil {
+				_, _ = c.Write(buf)
+			}
+		})
+	}
+	l, m := serveLimited(t, h, Limits{Timeouts: policy.ListenerTimeouts{Header: short, BodyIdle: short, Idle: short}})
+	c := dial(t, l.Addr().String())
+	c.send(t, "GET /tunnel HTTP/1.1\r\nHost: a\r\n\r\n")
+	time.Sleep(4 * short) // quiet past every timeout: the tunnel's pace, not a wait
+	c.send(t, "ping")
+	buf := make([]byte, 4)
+	if _, err := io.ReadFull(c.br, buf); err != nil || string(buf) != "ping" {
+		t.Fatalf("the quiet tunnel: %q %v, want its echo", buf, err)
+	}
+	for _, reason := range []string{"header", "body_idle", "idle"} {
+		if n := timeoutsOf(m, "ingress", reason); n != 0 {
+			t.Fatalf("%s timeouts counted on a tunnel: %v", reason, n)
+		}
+	}
+}
+
 // The gRPC egress's net/http listener: the HTTP/2 preface must come within
 // header; a connection idle (no stream) for idle is closed.
 func TestHTTP2Timeouts(t *testing.T) {
