@@ -121,14 +121,6 @@ func acceptAsync(l *Listener) <-chan accepted {
 	return ch
 }
 
-// advanceTo advances clk by d once a timer of that length is armed: the
-// backoff Accept waits.
-func advanceTo(t *testing.T, clk *clock.Fake, d time.Duration) {
-	t.Helper()
-	fasttest.WaitFor(t, fmt.Sprintf("a %v backoff", d), func() bool { return clk.ArmedFor(d) })
-	clk.Advance(d)
-}
-
 // TestTemporaryErrorsAreRetried: a burst of EMFILE never reaches the
 // caller; each is counted, Err reports the burst while it lasts, the
 // backoff doubles from 5 ms, and a connection ends the burst.
@@ -140,10 +132,11 @@ func TestTemporaryErrorsAreRetried(t *testing.T) {
 	defer l.Close()
 	got := acceptAsync(l)
 	for _, d := range []time.Duration{5 * time.Millisecond, 10 * time.Millisecond, 20 * time.Millisecond} {
-		advanceTo(t, clk, d)
+		fasttest.WaitFor(t, fmt.Sprintf("a %v backoff", d), func() bool { return clk.ArmedFor(d) })
 		if err := l.Err(); err == nil || err.Error() != "accept4: too many open files" {
 			t.Fatalf("Err during the burst = %v, want the system call's error", err)
 		}
+		clk.Advance(d)
 	}
 	r := fasttest.Within(t, got, "Accept")
 	if r.err != nil {
