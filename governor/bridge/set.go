@@ -172,15 +172,7 @@ func (s *Set) reapRetiredLocked() {
 // Ready reports the first bridge, in policy order, whose listener is not
 // accepting (backing off from an accept error: out of descriptors, say).
 func (s *Set) Ready() error {
-	s.mu.Lock()
-	all := make([]*bridge, 0, len(s.order))
-	for _, name := range s.order {
-		if b := s.bridges[name]; b != nil {
-			all = append(all, b)
-		}
-	}
-	s.mu.Unlock()
-	for _, b := range all {
+	for _, b := range s.inOrder() {
 		if err := b.ready(); err != nil {
 			return fmt.Errorf("bridge %s: %w", b.name, err)
 		}

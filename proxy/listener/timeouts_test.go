@@ -111,6 +111,23 @@ func (c *client) closed(t *testing.T) {
 
 const getReq = "GET / HTTP/1.1\r\nHost: a\r\n\r\n"
 
+// timesOut sends raw and expects a 408 no sooner than after, and then the
+// connection's close.
+func timesOut(raw string, after time.Duration) func(t *testing.T, addr string) {
+	return func(t *testing.T, addr string) {
+		c := dial(t, addr)
+		c.send(t, raw)
+		start := time.Now()
+		if st, _ := c.response(t); st != 408 {
+			t.Fatalf("%q: %d, want 408", raw, st)
+		}
+		if waited := time.Since(start); waited < after*9/10 {
+			t.Fatalf("408 after %v, before the timeout", waited)
+		}
+		c.closed(t)
+	}
+}
+
 func timeoutsOf(m *metrics.Metrics, listener, reason string) float64 {
 	return fasttest.Value(m.ListenerTimeouts.WithLabelValues(listener, reason))
 }
@@ -124,14 +141,7 @@ func TestFasthttpTimeouts(t *testing.T) {
 		reason string // the timeout counted, once ("": none)
 	}{
 		{"a stalled head gets 408", policy.ListenerTimeouts{Header: short, BodyIdle: time.Minute, Idle: time.Minute},
-			func(t *testing.T, addr string) {
-				c := dial(t, addr)
-				c.send(t, "GET / HTTP/1.1\r\nHost: a\r\n")
-				if st, _ := c.response(t); st != 408 {
-					t.Fatalf("stalled head: %d, want 408", st)
-				}
-				c.closed(t)
-			}, "header"},
+			timesOut("GET / HTTP/1.1\r\nHost: a\r\n", short), "header"},
 		{"a connection that sends nothing is closed", policy.ListenerTimeouts{Header: short, BodyIdle: time.Minute, Idle: time.Minute},
 			func(t *testing.T, addr string) { dial(t, addr).closed(t) }, "header"},
 		{"a later head is timed from its first byte", policy.ListenerTimeouts{Header: short, BodyIdle: time.Minute, Idle: time.Minute},
@@ -162,28 +172,10 @@ func TestFasthttpTimeouts(t *testing.T) {
 				}
 			}, ""},
 		{"a body that stalls is cut after body_idle", policy.ListenerTimeouts{Header: time.Minute, BodyIdle: short, Idle: time.Minute},
-			func(t *testing.T, addr string) {
-				c := dial(t, addr)
-				c.send(t, "POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 4096\r\n\r\n0123456789")
-				start := time.Now()
-				if st, _ := c.response(t); st != 408 {
-					t.Fatalf("stalled body: %d, want 408", st)
-				}
-				if waited := time.Since(start); waited < short*9/10 {
-					t.Fatalf("408 after %v, before body_idle", waited)
-				}
-				c.closed(t)
-			}, "body_idle"},
+			timesOut("POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 4096\r\n\r\n0123456789", short), "body_idle"},
+		// fasthttp reads a body's first byte itself, before the handler.
 		{"a body that never begins is cut after body_idle", policy.ListenerTimeouts{Header: time.Minute, BodyIdle: short, Idle: time.Minute},
-			func(t *testing.T, addr string) {
-				// fasthttp reads the first byte itself, before the handler.
-				c := dial(t, addr)
-				c.send(t, "POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 4096\r\n\r\n")
-				if st, _ := c.response(t); st != 408 {
-					t.Fatalf("body never sent: %d, want 408", st)
-				}
-				c.closed(t)
-			}, "body_idle"},
+			timesOut("POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 4096\r\n\r\n", short), "body_idle"},
 		{"a body that keeps moving is not cut", policy.ListenerTimeouts{Header: time.Minute, BodyIdle: 2 * short, Idle: time.Minute},
 			func(t *testing.T, addr string) {
 				c := dial(t, addr)
