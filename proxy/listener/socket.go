@@ -78,12 +78,16 @@ func (s *socket) serve(serveOn func(net.Listener) error) {
 		defer close(s.done)
 		backoff := time.Duration(0)
 		for {
+			began := s.cfg.Clock.Now()
 			err := serveOn(s.g)
 			if s.g.Closed() {
 				return
 			}
 			if err == nil {
 				err = errors.New("returned without an error")
+			}
+			if s.cfg.Clock.Now().Sub(began) > time.Minute {
+				backoff = 0 // it served a while: not the same failure again
 			}
 			backoff = accept.Backoff(backoff)
 			down := fmt.Errorf("server stopped accepting (%w); restarting it", err)
