@@ -3,6 +3,7 @@ package bridge
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"net"
 	"os"
@@ -12,6 +13,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/warden-dev/warden/connpool/dbpool"
+	"github.com/warden-dev/warden/internal/accept"
 	"github.com/warden-dev/warden/policy"
 )
 
@@ -36,7 +38,7 @@ type bridge struct {
 
 	mu          sync.Mutex
 	gen         *generation
-	ln          net.Listener
+	ln          *accept.Listener
 	accepting   chan struct{}  // closed when the accept loop of ln has returned
 	pools       []*dbpool.Pool // every pool with sessions of this bridge: the current one last
 	sessions    map[*session]struct{}
@@ -133,7 +135,7 @@ func (b *bridge) reconfigure(cfg policy.Bridge) error {
 	if g.pool != old.pool {
 		b.pools = append(b.prunePoolsLocked(), g.pool)
 	}
-	var oldLn net.Listener
+	var oldLn *accept.Listener
 	var oldAccepting chan struct{}
 	if ln != nil {
 		oldLn, oldAccepting = b.ln, b.accepting
@@ -169,29 +171,56 @@ func sameSettings(a, b policy.Bridge) bool {
 	return a == b
 }
 
+// serveLocked serves ln. Its temporary accept errors (out of descriptors
+// and the like) are retried by accept.Listener, logged once per burst and
+// counted under the listener "bridge:<name>", and make Ready fail
+// meanwhile.
 func (b *bridge) serveLocked(ln net.Listener) {
+	name := "bridge:" + b.name
+	al := accept.New(ln, accept.Options{Name: name, Clock: b.set.clk, Log: b.log,
+		Errors: b.set.opts.Metrics.ListenerAcceptErrors.WithLabelValues(name)})
 	done := make(chan struct{})
-	b.ln, b.accepting = ln, done
+	b.ln, b.accepting = al, done
 	go func() {
 		defer close(done)
-		b.acceptLoop(ln)
+		b.acceptLoop(al)
 	}()
 }
 
-// acceptLoop serves ln until it is closed.
-func (b *bridge) acceptLoop(ln net.Listener) {
+// ready is nil while the bridge's listener accepts, else why not.
+func (b *bridge) ready() error {
+	b.mu.Lock()
+	ln := b.ln
+	b.mu.Unlock()
+	if ln == nil {
+		return nil
+	}
+	if err := ln.Err(); err != nil {
+		return fmt.Errorf("listener %s not accepting: %w", ln.Addr(), err)
+	}
+	return nil
+}
+
+// acceptLoop serves ln until it is closed: it never ends before.
+func (b *bridge) acceptLoop(ln *accept.Listener) {
 	backoff := time.Duration(0)
 	for {
 		c, err := ln.Accept()
 		if err != nil {
-			if errors.Is(err, net.ErrClosed) {
+			if ln.Closed() || errors.Is(err, net.ErrClosed) {
 				return
 			}
-			// Out of descriptors and the like: back off, do not spin.
-			backoff = min(max(2*backoff, 5*time.Millisecond), time.Second)
+			// An error accept.Listener does not take for temporary:
+			// back off all the same, do not spin, and never give up.
+			backoff = accept.Backoff(backoff)
 			b.log.Error("accept failed", "err", err, "retry_in", backoff)
 			t := b.set.clk.NewTimer(backoff)
-			<-t.C()
+			select {
+			case <-t.C():
+			case <-ln.Done():
+				t.Stop()
+				return
+			}
 			continue
 		}
 		backoff = 0

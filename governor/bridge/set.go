@@ -169,6 +169,17 @@ func (s *Set) reapRetiredLocked() {
 	s.retired = kept
 }
 
+// Ready reports the first bridge, in policy order, whose listener is not
+// accepting (backing off from an accept error: out of descriptors, say).
+func (s *Set) Ready() error {
+	for _, b := range s.inOrder() {
+		if err := b.ready(); err != nil {
+			return fmt.Errorf("bridge %s: %w", b.name, err)
+		}
+	}
+	return nil
+}
+
 // StopAccepting closes every bridge's listener at once: new clients are
 // refused, while clients already accepted (waiting, or in a session) are
 // served until Shutdown drains them. Apply fails afterwards.

@@ -35,19 +35,25 @@ type Snapshot struct {
 // Bridges lists every bridge in policy order (the admin API's /v1/bridges).
 func (s *Set) Bridges() any {
 	now := s.clk.Now()
+	bs := s.inOrder()
+	out := make([]Snapshot, 0, len(bs))
+	for _, b := range bs {
+		out = append(out, b.snapshot(now))
+	}
+	return out
+}
+
+// inOrder is every bridge of the policy, in policy order.
+func (s *Set) inOrder() []*bridge {
 	s.mu.Lock()
+	defer s.mu.Unlock()
 	bs := make([]*bridge, 0, len(s.order))
 	for _, name := range s.order {
 		if b := s.bridges[name]; b != nil {
 			bs = append(bs, b)
 		}
 	}
-	s.mu.Unlock()
-	out := make([]Snapshot, 0, len(bs))
-	for _, b := range bs {
-		out = append(out, b.snapshot(now))
-	}
-	return out
+	return bs
 }
 
 // snapshot counts the bridge's connections at now. Session states are read

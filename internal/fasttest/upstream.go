@@ -96,7 +96,7 @@ func (u *Upstream) Paths() []string {
 // closed afterwards.
 func Raw(t testing.TB, addr, raw string) (*http.Response, []byte) {
 	t.Helper()
-	c := send(t, addr, raw)
+	c := Send(t, addr, raw)
 	defer c.Close()
 	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
 	if err != nil {
@@ -111,7 +111,7 @@ func Raw(t testing.TB, addr, raw string) (*http.Response, []byte) {
 // off the wire, header names unrecased, ending in the last header's CRLF.
 func RawHead(t testing.TB, addr, raw string) string {
 	t.Helper()
-	c := send(t, addr, raw)
+	c := Send(t, addr, raw)
 	defer c.Close()
 	var head []byte
 	buf := make([]byte, 4096)
@@ -127,8 +127,9 @@ func RawHead(t testing.TB, addr, raw string) string {
 	}
 }
 
-// send dials addr and writes raw, with 10 s to finish the exchange.
-func send(t testing.TB, addr, raw string) net.Conn {
+// Send dials addr and writes raw, with 10 s to finish the exchange; the
+// caller closes the connection.
+func Send(t testing.TB, addr, raw string) net.Conn {
 	t.Helper()
 	c, err := net.DialTimeout("tcp", addr, 5*time.Second)
 	if err != nil {
@@ -152,6 +153,21 @@ func WaitFor(t testing.TB, what string, cond func() bool) {
 			t.Fatalf("timed out waiting for %s", what)
 		}
 		time.Sleep(time.Millisecond)
+	}
+}
+
+// Within receives from ch, failing the test when nothing comes in 10 s.
+func Within[T any](t testing.TB, ch <-chan T, what string) T {
+	t.Helper()
+	timeout := time.NewTimer(10 * time.Second) // a failure bound
+	defer timeout.Stop()
+	select {
+	case v := <-ch:
+		return v
+	case <-timeout.C:
+		t.Fatalf("timed out waiting for %s", what)
+		var zero T
+		return zero
 	}
 }
 

@@ -42,8 +42,9 @@ type Egress struct {
 
 	table atomic.Pointer[table]
 
-	slot *listener.Slot
-	mu   sync.Mutex // serialises Apply and Shutdown
+	slot   *listener.Slot
+	nofile uint64     // the file limit at start, for the default connection cap
+	mu     sync.Mutex // serialises Apply and Shutdown
 
 	tunnels splice.Set
 }
@@ -67,12 +68,14 @@ func New(opts Options) *Egress {
 		stats:     stats.NewListener("egress", opts.Metrics),
 		pools:     connpool.NewSet(opts.Clock, 0),
 		tlsBase:   base,
+		nofile:    listener.FileLimit(),
 	}
 	e.pools.OnUnrequested(e.stats.Unrequested)
-	e.slot = listener.NewSlot("egress", opts.Clock, opts.Log, func(addr string) (listener.Server, error) {
+	lc := listener.Config{Name: "egress", Metrics: opts.Metrics, Clock: opts.Clock, Log: opts.Log}
+	e.slot = listener.NewSlot("egress", opts.Clock, opts.Log, func(addr string, lim listener.Limits) (listener.Server, error) {
 		srv := listener.ProxyServer(e.handle, e.refuse, opts.Log)
 		srv.ExpectHandler = e.expect
-		return listener.Start(addr, srv, opts.Log)
+		return listener.Start(addr, srv, lim, lc)
 	})
 	return e
 }
@@ -103,7 +106,8 @@ func (e *Egress) Apply(ctx context.Context, c *governor.Controls) error {
 	// The slot binds a moved address before build replaces the pools whose
 	// settings changed: a reload failing on a taken address keeps them.
 	var tb *table
-	if err := e.slot.Bind(eg.HTTPListen, func() (err error) { tb, err = e.build(c); return err }); err != nil {
+	lim := listener.NewLimits(eg.MaxConnections, eg.Timeouts, c.Policy, e.nofile)
+	if err := e.slot.Bind(eg.HTTPListen, lim, func() (err error) { tb, err = e.build(c); return err }); err != nil {
 		return err
 	}
 	tb.self = e.slot.Addr()

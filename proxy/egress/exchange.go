@@ -1,7 +1,6 @@
 package egress
 
 import (
-	"errors"
 	"strconv"
 	"sync"
 	"time"
@@ -112,22 +111,14 @@ func (e *Egress) exchange(ctx *fasthttp.RequestCtx, x *exchange, pool *connpool.
 	x.wait.Reset(ctx.Conn(), e.opts.Clock, x.req.Deadline)
 	x.req.Wait = &x.wait
 	buffered, err := x.body.Prepare(ctx, &x.req, keep)
-	timedOut := errors.Is(err, forward.ErrBodyTimeout) || (err == nil && r.Timeout > 0 && !time.Now().Before(x.req.Deadline))
-	if err != nil && !timedOut {
-		x.adm.Ticket.Done(breaker.Neutral)
-		respond.Error(ctx, fasthttp.StatusBadRequest, err.Error())
-		x.code = fasthttp.StatusBadRequest
-		x.done()
-		return
+	if err == nil && r.Timeout > 0 && !time.Now().Before(x.req.Deadline) {
+		err = forward.ErrBodyTimeout
 	}
-	if timedOut {
+	if err != nil {
 		// Used up before anything was sent: the upstream is not to
 		// blame, so the breaker hears nothing.
 		x.adm.Ticket.Done(breaker.Neutral)
-		x.code = respond.Upstream(ctx, r.Name, &connpool.Error{Kind: connpool.KindTimeout, Op: "read the request for",
-			Addr: r.Name, Err: errors.New("the target's timeout passed before the request could be sent")})
-		r.Stats.Reject(respond.ControlTimeout, r.Name)
-		x.done()
+		x.refuseBody(ctx, err)
 		return
 	}
 	retryable = retryable && buffered
@@ -153,9 +144,10 @@ func (e *Egress) exchange(ctx *fasthttp.RequestCtx, x *exchange, pool *connpool.
 					x.clientGone(ctx)
 					return
 				}
-				respond.Error(ctx, fasthttp.StatusBadRequest, err.Error())
-				x.code = fasthttp.StatusBadRequest
-				x.done()
+				// The client's body failed on its way upstream: a
+				// client slower than the target's timeout, or than the
+				// listener's body_idle, is not the upstream's doing.
+				x.refuseBody(ctx, err)
 				return
 			}
 			outcome := blame(ctx, breaker.Failure)
@@ -226,6 +218,17 @@ func (x *exchange) deadline() time.Time {
 		return time.Time{}
 	}
 	return x.start.Add(x.r.Timeout)
+}
+
+// refuseBody ends an exchange whose client's body could not be read
+// (forward.RefuseBody); the target's timeout passing counts as its timeout.
+func (x *exchange) refuseBody(ctx *fasthttp.RequestCtx, err error) {
+	var timedOut bool
+	x.code, timedOut = forward.RefuseBody(ctx, x.r.Name, "the target's timeout", err)
+	if timedOut {
+		x.r.Stats.Reject(respond.ControlTimeout, x.r.Name)
+	}
+	x.done()
 }
 
 // clientGone ends an exchange whose client hung up before its answer

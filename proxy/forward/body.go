@@ -14,6 +14,7 @@ import (
 	"github.com/valyala/fasthttp"
 
 	"github.com/warden-dev/warden/connpool"
+	"github.com/warden-dev/warden/proxy/listener"
 )
 
 // ChunkPreread is how much of a chunked request body is read before the
@@ -48,9 +49,13 @@ var bufs = sync.Pool{New: func() any { b := make([]byte, 0, 16<<10); return &b }
 // req.Header. Bodies of known length up to keep bytes, and chunked bodies
 // ending within max(keep, ChunkPreread), are read whole (buffered reports
 // true): a retry can resend them. Longer bodies are streamed. A chunked
-// body read whole is re-framed with a Content-Length. req.Deadline, when
-// set, bounds the reading (ErrBodyTimeout): a slow client must not hold
-// the exchange past its timeout before the upstream is even asked.
+// body read whole is re-framed with a Content-Length.
+//
+// req.Deadline, when set, bounds every read of the body, here
+// (ErrBodyTimeout) and while it streams upstream: a slow client must not
+// hold the exchange past its timeout, sent or not. fasthttp lifts the
+// deadline once the handler has returned. A body that stalls for the
+// listener's body_idle fails with listener.ErrBodyIdle (see Refuse).
 func (b *Body) Prepare(ctx *fasthttp.RequestCtx, req *connpool.Request, keep int) (buffered bool, err error) {
 	req.Body, req.Stream = nil, nil
 	h := req.Header
@@ -63,12 +68,19 @@ func (b *Body) Prepare(ctx *fasthttp.RequestCtx, req *connpool.Request, keep int
 		return true, nil
 	}
 	stream := ctx.RequestBodyStream()
-	switch cl := h.ContentLength(); {
-	case cl == -2:
+	cl := h.ContentLength()
+	if cl == -2 {
 		// No body framing at all (a GET): nothing to send.
 		return true, nil
+	}
+	if !req.Deadline.IsZero() {
+		if err := ctx.SetReadDeadline(req.Deadline); err != nil {
+			return false, errors.Join(ErrBadBody, err)
+		}
+	}
+	switch {
 	case cl >= 0 && cl <= keep:
-		data, err := b.readBy(ctx, req.Deadline, stream, cl+1)
+		data, err := b.readBy(req.Deadline, stream, cl+1)
 		if err != nil {
 			return false, err
 		}
@@ -81,7 +93,7 @@ func (b *Body) Prepare(ctx *fasthttp.RequestCtx, req *connpool.Request, keep int
 		req.Stream = stream
 		return false, nil
 	default:
-		data, err := b.readBy(ctx, req.Deadline, stream, max(keep, ChunkPreread)+1)
+		data, err := b.readBy(req.Deadline, stream, max(keep, ChunkPreread)+1)
 		if err != nil {
 			return false, err
 		}
@@ -125,19 +137,16 @@ func dropTrailers(h *fasthttp.RequestHeader) {
 }
 
 // readBy is read under the client connection's read deadline d (none when
-// zero), which is lifted again afterwards. A read the deadline cut short is
-// ErrBodyTimeout; any other failure is a malformed body.
-func (b *Body) readBy(ctx *fasthttp.RequestCtx, d time.Time, r io.Reader, limit int) ([]byte, error) {
-	if !d.IsZero() {
-		if err := ctx.SetReadDeadline(d); err != nil {
-			return nil, errors.Join(ErrBadBody, err)
-		}
-		defer func() { _ = ctx.SetReadDeadline(time.Time{}) }()
-	}
+// zero). A read the deadline cut short is ErrBodyTimeout; one the
+// listener's body_idle cut short keeps its error (listener.ErrBodyIdle);
+// any other failure is a malformed body.
+func (b *Body) readBy(d time.Time, r io.Reader, limit int) ([]byte, error) {
 	data, err := b.read(r, limit)
 	switch {
 	case err == nil:
 		return data, nil
+	case errors.Is(err, listener.ErrBodyIdle):
+		return nil, err
 	case !d.IsZero() && errors.Is(err, os.ErrDeadlineExceeded):
 		return nil, ErrBodyTimeout
 	}

@@ -15,7 +15,8 @@ import (
 	"net/http"
 	"sync"
 	"sync/atomic"
-	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/warden-dev/warden/governor"
 	"github.com/warden-dev/warden/governor/clock"
@@ -41,7 +42,10 @@ type Grpc struct {
 
 	table atomic.Pointer[table]
 
+	stallCount prometheus.Counter // request streams ended by body_idle
+
 	slot       *listener.Slot
+	nofile     uint64                     // the file limit at start, for the default connection cap
 	mu         sync.Mutex                 // serialises Apply and Shutdown
 	transports map[string]*http.Transport // by route key, kept across reloads
 }
@@ -54,21 +58,27 @@ func New(opts Options) *Grpc {
 	if opts.Log == nil {
 		opts.Log = slog.Default()
 	}
-	g := &Grpc{opts: opts, stats: stats.NewListener("grpc", opts.Metrics), transports: map[string]*http.Transport{}}
+	if opts.Metrics == nil {
+		opts.Metrics = metrics.New()
+	}
+	g := &Grpc{opts: opts, stats: stats.NewListener("grpc", opts.Metrics), transports: map[string]*http.Transport{},
+		nofile:     listener.FileLimit(),
+		stallCount: opts.Metrics.ListenerTimeouts.WithLabelValues("grpc", "body_idle")}
 	g.slot = listener.NewSlot("grpc egress", opts.Clock, opts.Log, g.startServer)
 	return g
 }
 
-// startServer serves h2c (HTTP/2 without TLS) on addr.
-func (g *Grpc) startServer(addr string) (listener.Server, error) {
+// startServer serves h2c (HTTP/2 without TLS) on addr. The header and
+// idle timeouts are the listener's (lim), kept per connection; a stalled
+// request stream is bounded here (bodyIdle).
+func (g *Grpc) startServer(addr string, lim listener.Limits) (listener.Server, error) {
 	var protos http.Protocols
 	protos.SetUnencryptedHTTP2(true)
 	return listener.StartHTTP(addr, &http.Server{
-		Handler:           http.HandlerFunc(g.serve),
-		Protocols:         &protos,
-		ReadHeaderTimeout: 10 * time.Second,
-		ErrorLog:          slog.NewLogLogger(g.opts.Log.Handler(), slog.LevelDebug),
-	}, g.opts.Log)
+		Handler:   http.HandlerFunc(g.serve),
+		Protocols: &protos,
+		ErrorLog:  slog.NewLogLogger(g.opts.Log.Handler(), slog.LevelDebug),
+	}, lim, listener.Config{Name: "grpc", Metrics: g.opts.Metrics, Clock: g.opts.Clock, Log: g.opts.Log})
 }
 
 // Name implements the app's Component.
@@ -95,7 +105,8 @@ func (g *Grpc) Apply(ctx context.Context, c *governor.Controls) error {
 		return err
 	}
 	var tb *table
-	if err := g.slot.Bind(eg.GRPCListen, func() (err error) { tb, err = g.build(c); return err }); err != nil {
+	lim := listener.NewLimits(eg.MaxConnections, eg.Timeouts, c.Policy, g.nofile)
+	if err := g.slot.Bind(eg.GRPCListen, lim, func() (err error) { tb, err = g.build(c); return err }); err != nil {
 		return err
 	}
 	tb.self = g.slot.Addr()

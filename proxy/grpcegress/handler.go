@@ -46,6 +46,11 @@ func (g *Grpc) serve(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, "gRPC needs HTTP/2 (h2c, prior knowledge)", http.StatusHTTPVersionNotSupported)
 		return
 	}
+	if tb.bodyIdle > 0 && r.Body != nil && r.Body != http.NoBody {
+		sw := newStallWatch(w, r.Body, tb.bodyIdle, g.stallCount.Inc)
+		defer sw.stop()
+		r.Body = sw
+	}
 	rt := tb.lookup(serviceOf(r.URL.Path), r.Host)
 	if rt == nil {
 		g.stats.Reject(respond.ControlUnlisted, "grpc")
@@ -233,7 +238,7 @@ func (c *call) outbound(ctx context.Context, body io.ReadCloser) *http.Request {
 // without one. "" for anything else.
 func (c *call) failureBeforeAnswer(ctx context.Context, resp *http.Response, err error) string {
 	if err != nil {
-		if ctx.Err() != nil || (!c.deadline.IsZero() && !time.Now().Before(c.deadline)) {
+		if ctx.Err() != nil || stalled(c.r) || (!c.deadline.IsZero() && !time.Now().Before(c.deadline)) {
 			return ""
 		}
 		return err.Error()
@@ -355,6 +360,12 @@ func (g *Grpc) relay(ctx context.Context, w http.ResponseWriter, r *http.Request
 func (g *Grpc) failed(w http.ResponseWriter, r *http.Request, ctx context.Context, rt *route, err error, started bool, start time.Time, mark string) (int, breaker.Outcome) {
 	if r.Context().Err() != nil {
 		return codeCancelled, breaker.Neutral
+	}
+	if stalled(r) {
+		// The client stopped sending (egress.timeouts.body_idle): its
+		// doing, not the upstream's.
+		endCall(w, started, codeDeadlineExceeded, "request stream stalled: nothing arrived for egress.timeouts.body_idle", "")
+		return codeDeadlineExceeded, breaker.Neutral
 	}
 	if deadlinePassed(r.Header.Get("Grpc-Timeout"), start, time.Now()) {
 		// The call's own deadline passed: the upstream, told it, may

@@ -26,7 +26,8 @@ type table struct {
 	caps          *tenant.Caps
 	tenantHeader  string
 	transportKeys map[string]bool
-	self          string // the listener's own address, to refuse loops
+	self          string        // the listener's own address, to refuse loops
+	bodyIdle      time.Duration // egress.timeouts.body_idle: a request stream's longest wait for the client
 }
 
 // route is one target as the gRPC egress uses it.
@@ -63,7 +64,8 @@ func (tb *table) loops(authority string) bool {
 
 func (g *Grpc) build(c *governor.Controls) (*table, error) {
 	eg := c.Policy.Egress
-	tb := &table{byService: map[string]*route{}, byHost: map[string]*route{}, caps: c.EgressCaps, transportKeys: map[string]bool{}}
+	tb := &table{byService: map[string]*route{}, byHost: map[string]*route{}, caps: c.EgressCaps, transportKeys: map[string]bool{},
+		bodyIdle: eg.Timeouts.BodyIdle}
 	if tb.caps != nil {
 		tb.tenantHeader = tb.caps.Header()
 	}

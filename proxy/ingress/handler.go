@@ -263,16 +263,7 @@ func (g *Ingress) forward(ctx *fasthttp.RequestCtx, rt *policyState, f httpwire.
 	// The worker's pool has no max_connections, so the request never
 	// waits for a connection and needs no x.req.Wait.
 	if _, err := x.body.Prepare(ctx, &x.req, 0); err != nil {
-		if errors.Is(err, forward.ErrBodyTimeout) {
-			// ingress.timeout passed before the body had arrived.
-			x.code = respond.Upstream(ctx, "worker", &connpool.Error{Kind: connpool.KindTimeout, Op: "read the request for",
-				Addr: "worker", Err: errors.New("ingress.timeout passed before the request could be sent")})
-			g.stats.Reject(respond.ControlTimeout, "worker")
-		} else {
-			respond.Error(ctx, fasthttp.StatusBadRequest, err.Error())
-			x.code = fasthttp.StatusBadRequest
-		}
-		x.done()
+		g.refuseBody(ctx, x, err)
 		return
 	}
 	x.guard.Start(g.opts.Clock, ctx.Conn(), &x.req)
@@ -287,14 +278,13 @@ func (g *Ingress) forward(ctx *fasthttp.RequestCtx, rt *policyState, f httpwire.
 	}
 	if err != nil {
 		if connpool.KindOf(err) == connpool.KindClient {
-			respond.Error(ctx, fasthttp.StatusBadRequest, err.Error())
-			x.code = fasthttp.StatusBadRequest
-		} else {
-			x.code = respond.Upstream(ctx, "worker", err)
-			_, control := respond.UpstreamStatus(err)
-			g.stats.Reject(control, "worker")
-			g.opts.Log.Debug("ingress: worker exchange failed", "err", err)
+			g.refuseBody(ctx, x, err)
+			return
 		}
+		x.code = respond.Upstream(ctx, "worker", err)
+		_, control := respond.UpstreamStatus(err)
+		g.stats.Reject(control, "worker")
+		g.opts.Log.Debug("ingress: worker exchange failed", "err", err)
 		x.done()
 		return
 	}
@@ -316,6 +306,18 @@ func (g *Ingress) forward(ctx *fasthttp.RequestCtx, rt *policyState, f httpwire.
 		respond.Upstream(ctx, "worker", err)
 		g.stats.Reject(respond.ControlUpstream, "worker")
 	}
+}
+
+// refuseBody ends an exchange whose client's body could not be read
+// (forward.RefuseBody); ingress.timeout passing counts as the worker's
+// timeout.
+func (g *Ingress) refuseBody(ctx *fasthttp.RequestCtx, x *exchange, err error) {
+	var timedOut bool
+	x.code, timedOut = forward.RefuseBody(ctx, "worker", "ingress.timeout", err)
+	if timedOut {
+		g.stats.Reject(respond.ControlTimeout, "worker")
+	}
+	x.done()
 }
 
 // switchProtocols passes on the worker's 101 Switching Protocols and joins

@@ -55,6 +55,7 @@ type Ingress struct {
 	mount atomic.Pointer[mount]
 
 	slot       *listener.Slot
+	nofile     uint64     // the file limit at start, for the default connection cap
 	mu         sync.Mutex // serialises Apply and Shutdown
 	workerURL  string
 	workerConf connpool.Config // kept so an unchanged worker keeps its pool
@@ -94,12 +95,14 @@ func New(opts Options) *Ingress {
 		ids:       httpwire.NewRequestIDs(),
 		stats:     stats.NewListener("ingress", opts.Metrics),
 		pools:     connpool.NewSet(opts.Clock, 0),
+		nofile:    listener.FileLimit(),
 	}
 	g.pools.OnUnrequested(g.stats.Unrequested)
-	g.slot = listener.NewSlot("ingress", opts.Clock, opts.Log, func(addr string) (listener.Server, error) {
+	lc := listener.Config{Name: "ingress", Metrics: opts.Metrics, Clock: opts.Clock, Log: opts.Log}
+	g.slot = listener.NewSlot("ingress", opts.Clock, opts.Log, func(addr string, lim listener.Limits) (listener.Server, error) {
 		srv := listener.ProxyServer(g.handle, g.refuseUnread, opts.Log)
 		srv.ExpectHandler = g.expect
-		return listener.Start(addr, srv, opts.Log)
+		return listener.Start(addr, srv, lim, lc)
 	})
 	return g
 }
@@ -145,7 +148,8 @@ func (g *Ingress) Apply(ctx context.Context, c *governor.Controls) error {
 		return nil
 	}
 	var rt *policyState
-	if err := g.slot.Bind(in.Listen, func() (err error) { rt, err = g.build(c); return err }); err != nil {
+	lim := listener.NewLimits(in.MaxConnections, in.Timeouts, c.Policy, g.nofile)
+	if err := g.slot.Bind(in.Listen, lim, func() (err error) { rt, err = g.build(c); return err }); err != nil {
 		return err
 	}
 	g.rt.Store(rt)

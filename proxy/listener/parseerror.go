@@ -52,6 +52,9 @@ var parseProblems = []struct{ in, say string }{
 // parseErrorMessage is the body text of the answer to a request fasthttp
 // could not read; it never contains a byte of the request.
 func parseErrorMessage(err error) string {
+	if errors.Is(err, ErrBodyIdle) {
+		return ErrBodyIdle.Error()
+	}
 	if parseErrorStatus(err) == fasthttp.StatusRequestTimeout {
 		return "request head not received in time"
 	}

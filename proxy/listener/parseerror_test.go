@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"github.com/valyala/fasthttp"
+
+	"github.com/warden-dev/warden/policy"
 )
 
 // TestParseErrorsQuoteNoRequestBytes: the answer to a request fasthttp
@@ -19,7 +21,7 @@ import (
 // the 400's body).
 func TestParseErrorsQuoteNoRequestBytes(t *testing.T) {
 	srv := ProxyServer(func(ctx *fasthttp.RequestCtx) { ctx.WriteString("ok") }, nil, slog.New(slog.DiscardHandler))
-	l, err := Start("127.0.0.1:0", srv, slog.New(slog.DiscardHandler))
+	l, err := Start("127.0.0.1:0", srv, Limits{MaxConns: 100, Timeouts: policy.ListenerTimeouts{Header: 10 * time.Second, BodyIdle: 10 * time.Second, Idle: 10 * time.Second}}, Config{Name: "ingress"})
 	if err != nil {
 		t.Fatal(err)
 	}

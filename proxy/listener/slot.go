@@ -3,6 +3,7 @@ package listener
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"net"
 	"sync"
@@ -21,11 +22,18 @@ type Server interface {
 	// Shutdown stops accepting, lets in-flight requests finish until ctx
 	// ends, then cuts what is left; it returns once the server is gone.
 	Shutdown(ctx context.Context) error
+	// SetLimits applies a reload's limits without rebinding: the cap at
+	// once, the timeouts to connections accepted from then on.
+	SetLimits(Limits)
+	// Accepting is nil while the server accepts connections, else why it
+	// does not (backing off from an accept error, restarting).
+	Accepting() error
 }
 
-// StartFunc starts a component's server on addr. The Server is not used
-// when the error is non-nil, so a typed nil pointer may be returned with it.
-type StartFunc func(addr string) (Server, error)
+// StartFunc starts a component's server on addr under lim. The Server is
+// not used when the error is non-nil, so a typed nil pointer may be
+// returned with it.
+type StartFunc func(addr string, lim Limits) (Server, error)
 
 // DrainGrace bounds how long a listener a reload moved away from keeps
 // serving what it has in flight, so long requests cannot pin it forever.
@@ -88,23 +96,34 @@ func (s *Slot) errLocked() error {
 }
 
 // Ready reports an error when the component is configured to serve but no
-// server is bound.
+// server is bound, or when its server is not accepting connections
+// ("listener 0.0.0.0:8080 not accepting: accept4: too many open files").
 func (s *Slot) Ready(configured bool) error {
-	if configured && s.Addr() == "" {
-		return errors.New("listener not bound")
+	s.mu.Lock()
+	cur := s.cur
+	s.mu.Unlock()
+	if cur == nil {
+		if configured {
+			return errors.New("listener not bound")
+		}
+		return nil
+	}
+	if err := cur.Accepting(); err != nil {
+		return fmt.Errorf("listener %s not accepting: %w", cur.Addr(), err)
 	}
 	return nil
 }
 
-// Bind makes addr the slot's address and runs build, the component's
-// reload. A new address is bound before build runs: build replaces
-// resources (connection pools) the running configuration still uses, which
-// must not happen for a reload that then fails because the address is
-// taken. If build fails, the new server is drained and the current one
-// keeps serving; otherwise the new server becomes current and the old one
-// drains in the background. Until then both serve, with whatever handler
-// state the component has.
-func (s *Slot) Bind(addr string, build func() error) error {
+// Bind makes addr the slot's address, with limits lim, and runs build, the
+// component's reload. A new address is bound before build runs: build
+// replaces resources (connection pools) the running configuration still
+// uses, which must not happen for a reload that then fails because the
+// address is taken. If build fails, the new server is drained and the
+// current one keeps serving under its limits; otherwise the new server
+// becomes current and the old one drains in the background (until then
+// both serve, with whatever handler state the component has), or the
+// current one, when the address stays, takes lim.
+func (s *Slot) Bind(addr string, lim Limits, build func() error) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if err := s.errLocked(); err != nil {
@@ -112,7 +131,7 @@ func (s *Slot) Bind(addr string, build func() error) error {
 	}
 	var next Server
 	if s.cur == nil || s.addr != addr {
-		srv, err := s.start(addr)
+		srv, err := s.start(addr, lim)
 		if err != nil {
 			return err
 		}
@@ -124,12 +143,14 @@ func (s *Slot) Bind(addr string, build func() error) error {
 		}
 		return err
 	}
-	if next != nil {
-		if s.cur != nil {
-			s.drainInBackground(s.cur)
-		}
-		s.cur, s.addr = next, addr
+	if next == nil {
+		s.cur.SetLimits(lim)
+		return nil
 	}
+	if s.cur != nil {
+		s.drainInBackground(s.cur)
+	}
+	s.cur, s.addr = next, addr
 	return nil
 }
 

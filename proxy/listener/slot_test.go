@@ -66,11 +66,15 @@ var kinds = []struct {
 }{
 	{"fasthttp", func(h *holder, log *slog.Logger) StartFunc {
 		handler := func(ctx *fasthttp.RequestCtx) { h.wait(string(ctx.Path())) }
-		return func(addr string) (Server, error) { return Start(addr, ProxyServer(handler, nil, log), log) }
+		return func(addr string, lim Limits) (Server, error) {
+			return Start(addr, ProxyServer(handler, nil, log), lim, Config{Name: "test", Log: log})
+		}
 	}},
 	{"net/http", func(h *holder, log *slog.Logger) StartFunc {
 		handler := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { h.wait(r.URL.Path) })
-		return func(addr string) (Server, error) { return StartHTTP(addr, &http.Server{Handler: handler}, log) }
+		return func(addr string, lim Limits) (Server, error) {
+			return StartHTTP(addr, &http.Server{Handler: handler}, lim, Config{Name: "test", Log: log})
+		}
 	}},
 }
 
@@ -90,8 +94,8 @@ func newFixture(t *testing.T, start func(*holder, *slog.Logger) StartFunc) *fixt
 	log := slog.New(slog.DiscardHandler)
 	f := &fixture{clk: clock.NewFake(time.Unix(1_700_000_000, 0)), hold: &holder{entered: make(chan struct{}, 4), release: make(chan struct{})}}
 	inner := start(f.hold, log)
-	f.slot = NewSlot("test", f.clk, log, func(addr string) (Server, error) {
-		srv, err := inner(addr)
+	f.slot = NewSlot("test", f.clk, log, func(addr string, lim Limits) (Server, error) {
+		srv, err := inner(addr, lim)
 		if err != nil {
 			return nil, err
 		}
@@ -130,7 +134,7 @@ func (f *fixture) starts() int {
 // bind binds addr with a build that succeeds.
 func (f *fixture) bind(t *testing.T, addr string) {
 	t.Helper()
-	if err := f.slot.Bind(addr, f.build(nil)); err != nil {
+	if err := f.slot.Bind(addr, Limits{}, f.build(nil)); err != nil {
 		t.Fatalf("bind %s: %v", addr, err)
 	}
 }
@@ -209,19 +213,10 @@ func isShut(s *tracked) bool {
 	}
 }
 
-// within receives from ch, failing the test when nothing comes in 10 s.
+// within is fasttest.Within.
 func within[T any](t *testing.T, ch <-chan T, what string) T {
 	t.Helper()
-	timeout := time.NewTimer(10 * time.Second) // a failure bound
-	defer timeout.Stop()
-	select {
-	case v := <-ch:
-		return v
-	case <-timeout.C:
-		t.Fatalf("timed out waiting for %s", what)
-		var zero T
-		return zero
-	}
+	return fasttest.Within(t, ch, what)
 }
 
 func TestSlot(t *testing.T) {
@@ -283,7 +278,7 @@ func TestSlot(t *testing.T) {
 				t.Fatal(err)
 			}
 			defer taken.Close()
-			err = f.slot.Bind(taken.Addr().String(), f.build(nil))
+			err = f.slot.Bind(taken.Addr().String(), Limits{}, f.build(nil))
 			// The caller names the component (the app's "egress: "), so
 			// the slot does not.
 			if err == nil || !strings.HasPrefix(err.Error(), "listen on "+taken.Addr().String()+": ") {
@@ -301,7 +296,7 @@ func TestSlot(t *testing.T) {
 			f.bind(t, addrA)
 			addr := f.slot.Addr()
 			bad := errors.New("bad policy")
-			if err := f.slot.Bind(addrB, f.build(bad)); !errors.Is(err, bad) {
+			if err := f.slot.Bind(addrB, Limits{}, f.build(bad)); !errors.Is(err, bad) {
 				t.Fatalf("bind with a failing build: %v", err)
 			}
 			if f.slot.Addr() != addr || f.starts() != 2 {
@@ -382,7 +377,7 @@ func TestSlot(t *testing.T) {
 			if isShut(f.server(t, 0)) {
 				t.Fatal("StopAccepting shut the server down")
 			}
-			if err := f.slot.Bind(addrB, f.build(nil)); err == nil || f.starts() != 1 {
+			if err := f.slot.Bind(addrB, Limits{}, f.build(nil)); err == nil || f.starts() != 1 {
 				t.Fatalf("a bind after StopAccepting: %v, %d starts", err, f.starts())
 			}
 			f.hold.free()
@@ -469,7 +464,7 @@ func TestSlot(t *testing.T) {
 			if !isShut(f.server(t, 0)) || f.server(t, 0).err == nil {
 				t.Fatal("the replaced listener was not cut")
 			}
-			if err := f.slot.Bind(addrA, f.build(nil)); err == nil || f.slot.Err() == nil || f.starts() != 2 {
+			if err := f.slot.Bind(addrA, Limits{}, f.build(nil)); err == nil || f.slot.Err() == nil || f.starts() != 2 {
 				t.Fatalf("a bind after Shutdown: %v, %d starts", err, f.starts())
 			}
 			if err := f.slot.Shutdown(context.Background(), f.release(nil)); err != nil || len(f.releases) != 1 {
@@ -491,55 +486,6 @@ func TestProxyServerAddsNoServerHeader(t *testing.T) {
 	head := fasttest.RawHead(t, addr, "GET / HTTP/1.1\r\nHost: a\r\n\r\n")
 	if strings.Contains(strings.ToLower(head), "\nserver:") {
 		t.Fatalf("a Server header was added:\n%s", head)
-	}
-}
-
-// A head sent in part and then stalled gets 408 once the header timeout
-// passes; a body slower than that timeout still passes whole, since the
-// timeout bounds the head alone.
-func TestHeaderTimeout(t *testing.T) {
-	const short = 200 * time.Millisecond
-	addr := serveProxy(t, func(ctx *fasthttp.RequestCtx) {
-		b, err := io.ReadAll(ctx.RequestBodyStream())
-		if err != nil {
-			ctx.Error(err.Error(), 500)
-			return
-		}
-		ctx.Write(b)
-	}, func(s *fasthttp.Server) {
-		if s.ReadTimeout != HeaderTimeout || s.HeaderReceived == nil {
-			t.Fatalf("ReadTimeout %v (HeaderReceived set: %v), want %v lifted once the head is read", s.ReadTimeout, s.HeaderReceived != nil, HeaderTimeout)
-		}
-		s.ReadTimeout = short // HeaderTimeout, shortened for the test
-	})
-
-	dial := func() (net.Conn, *bufio.Reader) {
-		c, err := net.Dial("tcp", addr)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { c.Close() })
-		_ = c.SetDeadline(time.Now().Add(10 * time.Second))
-		return c, bufio.NewReader(c)
-	}
-	stalled, br := dial()
-	io.WriteString(stalled, "GET / HTTP/1.1\r\nHost: a\r\n")
-	resp, err := http.ReadResponse(br, nil)
-	if err != nil || resp.StatusCode != http.StatusRequestTimeout {
-		t.Fatalf("stalled head: %v %v, want 408", resp, err)
-	}
-
-	slow, br := dial()
-	io.WriteString(slow, "POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 4\r\n\r\nab")
-	time.Sleep(2 * short) // the body dawdles past the header timeout
-	io.WriteString(slow, "cd")
-	resp, err = http.ReadResponse(br, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	body, _ := io.ReadAll(resp.Body)
-	if resp.StatusCode != 200 || string(body) != "abcd" {
-		t.Fatalf("slow body: %d %q, want 200 abcd", resp.StatusCode, body)
 	}
 }
 

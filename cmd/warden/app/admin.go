@@ -14,8 +14,11 @@ import (
 // applyAdmin.
 func (a *App) newAdminSlot() *listener.Slot {
 	a.adminAPI = admin.New(admin.Config{Metrics: a.metrics, Sources: a.adminSources(), Log: a.log})
-	return listener.NewSlot("admin listener", a.clk, a.log, func(addr string) (listener.Server, error) {
-		return listener.StartHTTP(addr, &http.Server{Handler: a.adminAPI, ReadHeaderTimeout: 10 * time.Second}, a.log)
+	// Not a data-plane listener: its connections are not in the listener
+	// metrics (Metrics nil).
+	lc := listener.Config{Name: "admin", Clock: a.clk, Log: a.log}
+	return listener.NewSlot("admin listener", a.clk, a.log, func(addr string, lim listener.Limits) (listener.Server, error) {
+		return listener.StartHTTP(addr, &http.Server{Handler: a.adminAPI, ReadHeaderTimeout: 10 * time.Second}, lim, lc)
 	})
 }
 
@@ -31,7 +34,9 @@ func (a *App) applyAdmin(p *policy.Policy) error {
 		a.adminSlot.Retire()
 		return nil
 	}
-	return a.adminSlot.Bind(p.Admin.Listen, func() error {
+	// No cap, and net/http's own header timeout: the admin API is not
+	// open to the clients the data-plane limits are for.
+	return a.adminSlot.Bind(p.Admin.Listen, listener.Limits{}, func() error {
 		a.adminAPI.SetTokenEnv(p.Admin.TokenEnv)
 		return nil
 	})

@@ -80,6 +80,8 @@ type App struct {
 	// old listener goes and a taken address leaves it where it was.
 	adminSlot *listener.Slot
 	adminAPI  *admin.API
+
+	nofile uint64 // the file limit at start (listener limits)
 }
 
 // New loads and validates the policy and builds the process's controls; it
@@ -102,6 +104,7 @@ func New(opts Options) (*App, error) {
 		metrics: metrics.New(),
 		holder:  policy.NewHolder(p),
 		started: make(chan struct{}),
+		nofile:  listener.FileLimit(),
 	}
 	be, err := newBackend(p.Backend, opts.BackendPrefix, opts.BackendTimeout, a.clk, a.metrics, a.log)
 	if err != nil {
@@ -283,6 +286,9 @@ func (a *App) setApplied(errText string, at time.Time) {
 func (a *App) logWarnings(p *policy.Policy) {
 	for _, w := range p.Warnings {
 		a.log.Warn("policy warning", "warning", w.String())
+	}
+	if w := listener.BudgetWarning(p, a.nofile); w != "" {
+		a.log.Warn("policy warning: connection caps over the file limit", "warning", w)
 	}
 }
 
