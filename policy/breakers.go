@@ -1,7 +1,6 @@
 package policy
 
 import (
-	"fmt"
 	"net"
 	"net/url"
 	"strings"
@@ -95,28 +94,26 @@ func overlap(a, b []dest) bool {
 // but ask for other breaker settings. As with cap_key pools this is a
 // warning, never an error: the first target's settings are the ones in
 // force, and only the operator knows which were meant.
-func breakerWarnings(p *Policy) []Issue {
-	var out []Issue
+func breakerWarnings(p *Policy, w *firstIssues) {
 	for i, l := range p.leaders {
 		if l == i {
 			continue
 		}
 		a, b := p.Targets[l], p.Targets[i]
-		if diffs := breakerDiffs(*a.CircuitBreaker, *b.CircuitBreaker); diffs != "" {
-			out = append(out, Issue{Pos: b.Pos, Message: fmt.Sprintf(
+		if diffs := breakerDiffs(*a.CircuitBreaker, *b.CircuitBreaker); len(diffs) > 0 {
+			w.add(b.Pos, "",
 				"target %q sends to a host that target %q (line %d) also sends to, so they share one circuit breaker, but their breaker settings differ (%s); the first target's are used",
-				b.Name, a.Name, a.Pos.Line, diffs)})
+				[]any{b.Name, a.Name, a.Pos.Line, diffs})
 		}
 	}
-	return out
 }
 
-func breakerDiffs(a, b CircuitBreaker) string {
+func breakerDiffs(a, b CircuitBreaker) settingDiffs {
 	var d settingDiffs
 	d.add("failure_ratio", a.FailureRatio, b.FailureRatio)
 	d.add("minimum_requests", a.MinimumRequests, b.MinimumRequests)
 	d.add("window", a.Window, b.Window)
 	d.add("open", a.Open, b.Open)
 	d.add("max_open", a.MaxOpen, b.MaxOpen)
-	return d.String()
+	return d
 }

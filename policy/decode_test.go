@@ -179,11 +179,11 @@ func TestParseErrors(t *testing.T) {
 				t.Fatalf("error %T is not policy.Errors: %v", err, err)
 			}
 			n := max(tc.n, 1)
-			if len(errs) != n {
-				t.Errorf("got %d errors, want %d:\n%v", len(errs), n, err)
+			if errs.Len() != n {
+				t.Errorf("got %d errors, want %d:\n%v", errs.Len(), n, err)
 			}
 			want := "t.yaml:" + tc.want
-			for _, is := range errs {
+			for _, is := range errs.Issues {
 				if strings.HasPrefix(is.String(), want) {
 					return
 				}

@@ -40,12 +40,12 @@ type validator struct {
 // fail reports a problem with the value at path.
 func (v *validator) fail(path, format string, args ...any) {
 	v.d.bad[path] = true
-	v.d.addf(v.d.at(path), prefix(path)+format, args...)
+	v.d.found.add(v.d.at(path), path, format, args)
 }
 
 // failEntry reports a problem with the entry at path as a whole, at its key.
 func (v *validator) failEntry(path, format string, args ...any) {
-	v.d.addf(v.d.keyAt(path), prefix(path)+format, args...)
+	v.d.found.add(v.d.keyAt(path), path, format, args)
 }
 
 func (v *validator) version() {
@@ -185,11 +185,13 @@ func (v *validator) poolRef(path, name string) {
 			return
 		}
 	}
-	names := make([]string, len(v.p.Pools))
-	for i, pl := range v.p.Pools {
-		names[i] = pl.Name
-	}
-	v.fail(path, "undefined pool %q%s", name, suggest(name, names))
+	v.fail(path, "undefined pool %q%s", name, suggestion{name, func() []string {
+		names := make([]string, len(v.p.Pools))
+		for i, pl := range v.p.Pools {
+			names[i] = pl.Name
+		}
+		return names
+	}})
 }
 
 func (v *validator) pools() {
@@ -279,7 +281,7 @@ func (v *validator) definition(dp string, def Definition) {
 			v.fail(sp, "semaphore %q is listed twice", name)
 		case !defined:
 			v.fail(sp, "undefined semaphore %q%s; define it under scheduler.semaphores", name,
-				suggest(name, slices.Sorted(maps.Keys(v.p.Scheduler.Semaphores))))
+				suggestion{name, func() []string { return slices.Sorted(maps.Keys(v.p.Scheduler.Semaphores)) }})
 		}
 		seen[name] = true
 	}

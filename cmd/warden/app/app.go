@@ -216,14 +216,7 @@ func (a *App) Reload() error {
 	if err != nil {
 		a.metrics.PolicyReloadErrors.Inc()
 		a.setStatus(err.Error(), now)
-		var errs policy.Errors
-		if errors.As(err, &errs) {
-			for _, e := range errs {
-				a.log.Error("policy reload refused; keeping the running policy", "error", e.String())
-			}
-		} else {
-			a.log.Error("policy reload refused; keeping the running policy", "err", err)
-		}
+		a.log.Error("policy reload refused; keeping the running policy", refusal(err)...)
 		return err
 	}
 	old := a.holder.Load()
@@ -264,6 +257,18 @@ func (a *App) Reload() error {
 	return nil
 }
 
+// refusal is the log attributes of a refused reload: for a file that does
+// not validate, how many errors it has and, in one attribute, the list
+// policy.Errors keeps (the first policy.MaxErrors, then "... and N more
+// errors"), so that a file with a mistake on every line is one log line.
+func refusal(err error) []any {
+	var errs policy.Errors
+	if errors.As(err, &errs) {
+		return []any{"error_count", errs.Len(), "errors", errs.Lines()}
+	}
+	return []any{"err", err}
+}
+
 // setStatus records the outcome of a reload that put nothing in force.
 func (a *App) setStatus(errText string, at time.Time) {
 	a.statusMu.Lock()
@@ -281,8 +286,8 @@ func (a *App) setApplied(errText string, at time.Time) {
 }
 
 func (a *App) logWarnings(p *policy.Policy) {
-	for _, w := range p.Warnings {
-		a.log.Warn("policy warning", "warning", w.String())
+	for _, w := range p.WarningLines() {
+		a.log.Warn("policy warning", "warning", w)
 	}
 }
 
