@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/http"
 	"regexp"
+	"runtime"
 	"slices"
 	"strings"
 	"sync"
@@ -334,5 +335,30 @@ func TestRefusedReloadReportsTheFirstHundredErrors(t *testing.T) {
 	wantLines(t, "422 body", answer.Errors)
 	if got := metricValue(t, in, "warden_policy_reload_errors_total"); got != "2" {
 		t.Errorf("warden_policy_reload_errors_total = %s after two refused reloads, want 2", got)
+	}
+}
+
+// What parsing a large file took is given back to the OS when the reload
+// ends, not held until the scavenger gets to it.
+func TestReloadReturnsParseMemory(t *testing.T) {
+	in := startApp(t, "version: 1\nadmin: { listen: \"127.0.0.1:0\" }\n", "", clock.Real{})
+	var bad strings.Builder
+	bad.WriteString("version: 1\ningress:\n  listen: 127.0.0.1:0\n  worker: http://127.0.0.1:9\n  tenant: {rate: 10, window: 60}\n  tenants:\n")
+	for i := range 50_000 {
+		fmt.Fprintf(&bad, "    t%05d: {rate: 1, window: 7}\n", i)
+	}
+	writePolicy(t, in.file, bad.String())
+	// Held from the OS: heap spans in use or idle but not released.
+	held := func() uint64 {
+		var m runtime.MemStats
+		runtime.ReadMemStats(&m)
+		return m.HeapSys - m.HeapReleased
+	}
+	before := held()
+	if err := in.Reload(); err == nil {
+		t.Fatal("a policy with 50,000 errors was accepted")
+	}
+	if after := held(); after > before+16<<20 {
+		t.Errorf("the process holds %d MiB more heap after the reload than before (%d MiB); want under 16", (after-before)>>20, before>>20)
 	}
 }
