@@ -82,9 +82,10 @@ targets:
 	}
 }
 
-// A file with 10,000 mistakes prints the first 100 and one line counting
-// the rest.
-func TestValidateListsTheFirstHundredErrors(t *testing.T) {
+// manyErrors writes a policy with 10,000 mistakes, one per tenant
+// override, and returns its path.
+func manyErrors(t *testing.T) string {
+	t.Helper()
 	var src strings.Builder
 	src.WriteString("version: 1\ningress:\n  listen: 127.0.0.1:8080\n  worker: http://127.0.0.1:9000\n  tenant: {rate: 10, window: 60}\n  tenants:\n")
 	for i := range 10_000 {
@@ -94,13 +95,15 @@ func TestValidateListsTheFirstHundredErrors(t *testing.T) {
 	if err := os.WriteFile(file, []byte(src.String()), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	var out, errb bytes.Buffer
-	if code := run([]string{"validate", file}, &out, &errb); code != 1 {
-		t.Fatalf("exit %d, want 1", code)
-	}
-	lines := strings.Split(strings.TrimSuffix(errb.String(), "\n"), "\n")
+	return file
+}
+
+// firstHundred checks that lines are the first 100 errors of manyErrors'
+// file, then the count of the rest.
+func firstHundred(t *testing.T, lines []string) {
+	t.Helper()
 	if len(lines) != 101 {
-		t.Fatalf("%d lines on stderr, want 101", len(lines))
+		t.Fatalf("%d error lines, want 101", len(lines))
 	}
 	loc := regexp.MustCompile(`^[^:]+:\d+:\d+: `)
 	for i, l := range lines[:100] {
@@ -111,6 +114,30 @@ func TestValidateListsTheFirstHundredErrors(t *testing.T) {
 	if lines[100] != "... and 9900 more errors" {
 		t.Errorf("last line %q", lines[100])
 	}
+}
+
+// A file with 10,000 mistakes prints the first 100 and one line counting
+// the rest, whether validated or run.
+func TestValidateListsTheFirstHundredErrors(t *testing.T) {
+	file := manyErrors(t)
+	var out, errb bytes.Buffer
+	if code := run([]string{"validate", file}, &out, &errb); code != 1 {
+		t.Fatalf("exit %d, want 1", code)
+	}
+	firstHundred(t, strings.Split(strings.TrimSuffix(errb.String(), "\n"), "\n"))
+}
+
+func TestRunRefusesToStartWithTheFirstHundredErrors(t *testing.T) {
+	file := manyErrors(t)
+	var errb bytes.Buffer
+	if code := run([]string{"run", "--policy", file, "--data-dir", t.TempDir()}, io.Discard, &errb); code != 1 {
+		t.Fatalf("exit %d, want 1", code)
+	}
+	lines := strings.Split(strings.TrimSuffix(errb.String(), "\n"), "\n")
+	if !strings.Contains(lines[0], `msg="cannot start: the policy does not validate"`) || !strings.Contains(lines[0], "error_count=10000") {
+		t.Fatalf("first line %q, want the one log line with the count", lines[0])
+	}
+	firstHundred(t, lines[1:])
 }
 
 // validate warns, without failing, of an admin listener beyond loopback
