@@ -1,6 +1,7 @@
 package policy
 
 import (
+	"math/rand/v2"
 	"slices"
 	"strings"
 	"testing"
@@ -73,4 +74,65 @@ targets:
 			t.Errorf("warning %q lacks %q", got, want)
 		}
 	}
+}
+
+// breakerLeaders joins targets host by host; whatever the targets, its
+// leaders are those of comparing every pair of them.
+func TestBreakerLeadersMatchPairwise(t *testing.T) {
+	rng := rand.New(rand.NewPCG(1, 2))
+	hosts := []string{"a.test", "b.test", "c.test", "d.test"}
+	ports := []string{"", ":1", ":2"}
+	for round := range 500 {
+		targets := make([]Target, 1+rng.IntN(12))
+		for i := range targets {
+			targets[i] = Target{CircuitBreaker: &CircuitBreaker{Enabled: rng.IntN(5) > 0}}
+			for range 1 + rng.IntN(3) {
+				targets[i].Hosts = append(targets[i].Hosts, hosts[rng.IntN(len(hosts))]+ports[rng.IntN(len(ports))])
+			}
+			if rng.IntN(3) == 0 {
+				targets[i].Upstream = "http://" + hosts[rng.IntN(len(hosts))] + []string{"", ":1", ":80"}[rng.IntN(3)]
+			}
+		}
+		if got, want := breakerLeaders(targets), pairwiseLeaders(targets); !slices.Equal(got, want) {
+			t.Fatalf("round %d: leaders %v, want %v for %+v", round, got, want, targets)
+		}
+	}
+}
+
+// pairwiseLeaders is breakerLeaders by its definition: targets that send
+// to an overlapping host share, transitively, led by the first.
+func pairwiseLeaders(targets []Target) []int {
+	dests := make([][]dest, len(targets))
+	for i, t := range targets {
+		if len(t.Hosts) > 0 && t.CircuitBreaker != nil && t.CircuitBreaker.Enabled {
+			dests[i] = destinations(t)
+		}
+	}
+	overlap := func(a, b []dest) bool {
+		for _, x := range a {
+			for _, y := range b {
+				if x.host == y.host && (x.port == "" || y.port == "" || x.port == y.port) {
+					return true
+				}
+			}
+		}
+		return false
+	}
+	leaders := make([]int, len(targets))
+	for i := range leaders {
+		leaders[i] = i
+	}
+	// Each target takes the least leader of those it overlaps, until
+	// none changes: the first target of each group of sharers.
+	for changed := true; changed; {
+		changed = false
+		for i := range targets {
+			for j := range targets {
+				if overlap(dests[i], dests[j]) && leaders[j] < leaders[i] {
+					leaders[i], changed = leaders[j], true
+				}
+			}
+		}
+	}
+	return leaders
 }

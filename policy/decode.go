@@ -27,9 +27,10 @@ import (
 const maxAliasValues = 200_000
 
 // maxFileSize bounds the policy file itself, so that what a file writes
-// out is bounded too. Parsing holds the whole node tree in memory, some 65
-// times the file's size while it lasts (a 3.7 MB file of 100,000 tenant
-// overrides peaks at 260 MB resident in warden validate).
+// out is bounded too. Parsing holds yaml.v3's whole node tree in memory,
+// about 160 bytes a node, some 30 times the file's size while it lasts (a
+// 7.7 MB file of 220,000 tenant overrides holds 210 MB of nodes and peaks
+// at 450-500 MB resident in warden validate).
 const maxFileSize = 8 << 20
 
 // YAML core-schema tags as yaml.v3 reports them from Node.ShortTag.
@@ -93,11 +94,11 @@ func Parse(file string, data []byte) (*Policy, error) {
 			validateEffective(p, d)
 		}
 	}
-	if errs := d.errors(); len(errs) > 0 {
+	if errs := d.errors(); errs.Len() > 0 {
 		return nil, errs
 	}
 	p.buildIndexes()
-	p.Warnings = append(capKeyWarnings(p), breakerWarnings(p)...)
+	warn(p, d)
 	sum := sha256.Sum256(data)
 	p.Source = file
 	p.Hash = hex.EncodeToString(sum[:])
@@ -125,7 +126,7 @@ func (p *Policy) buildIndexes() {
 // false).
 type decoder struct {
 	file   string
-	issues []Issue
+	found  firstIssues
 	locs   map[string]loc      // path → where the file wrote it
 	bad    map[string]bool     // paths whose value was reported as wrong
 	merges map[*yaml.Node]bool // mappings being merged (<<), to stop cycles
@@ -259,7 +260,10 @@ func (d *decoder) step(path string, n *yaml.Node) bool {
 	}
 	if d.aliasValues++; d.aliasValues > maxAliasValues {
 		d.halted = true
-		d.failf(path, n, "aliases expand to more than %d keys and values; write the file out with fewer aliases", maxAliasValues)
+		// Listed even past the first MaxErrors: it says why decoding
+		// stopped, and so why nothing after it is reported.
+		d.bad[path] = true
+		d.found.addListed(d.pos(n), path, "aliases expand to more than %d keys and values; write the file out with fewer aliases", []any{maxAliasValues})
 		return false
 	}
 	return true
@@ -351,7 +355,7 @@ func (d *decoder) structure(path string, n *yaml.Node, v reflect.Value) {
 				continue
 			}
 			d.unknown[kv.k] = true
-			d.addf(d.pos(kv.k), "unknown key %q %s%s", name, where(path), suggest(name, s.names()))
+			d.addf(d.pos(kv.k), "unknown key %q %s%s", name, where(path), suggestion{name, s.names})
 			continue
 		}
 		p := child(path, name)
@@ -430,7 +434,7 @@ func (d *decoder) dict(path string, n *yaml.Node, v reflect.Value, c checks) {
 func (d *decoder) entry(path string, kv pair, e reflect.Value, c checks) bool {
 	name := kv.k.Value
 	if name == "" {
-		d.addf(d.pos(kv.k), "%sempty name", prefix(path))
+		d.pathf(d.pos(kv.k), path, "empty name")
 		return false
 	}
 	if t := kv.k.ShortTag(); t == tagBool || t == tagNull {
@@ -440,7 +444,7 @@ func (d *decoder) entry(path string, kv pair, e reflect.Value, c checks) bool {
 		if t == tagNull {
 			kind = "null"
 		}
-		d.addf(d.pos(kv.k), "%sname %s is YAML's %s; quote it (%q) to use it as a name", prefix(path), name, kind, name)
+		d.pathf(d.pos(kv.k), path, "name %s is YAML's %s; quote it (%q) to use it as a name", name, kind, name)
 		return false
 	}
 	p := child(path, name)
@@ -506,7 +510,7 @@ func (d *decoder) pairs(path string, n *yaml.Node) []pair {
 			continue
 		}
 		if k.Kind != yaml.ScalarNode {
-			d.addf(d.pos(k), "%skeys must be strings, got %s", prefix(path), describe(k))
+			d.pathf(d.pos(k), path, "keys must be strings, got %s", describe(k))
 			continue
 		}
 		if first, dup := own[k.Value]; dup {
@@ -555,7 +559,7 @@ func (d *decoder) mergeSources(path string, v *yaml.Node) (out []pair) {
 	}
 	v = resolve(v)
 	if d.merges[v] {
-		d.addf(d.pos(v), "%s<< merges a mapping into itself", prefix(path))
+		d.pathf(d.pos(v), path, "<< merges a mapping into itself")
 		return nil
 	}
 	if !d.step(path, v) {
@@ -569,13 +573,13 @@ func (d *decoder) mergeSources(path string, v *yaml.Node) (out []pair) {
 	case yaml.SequenceNode:
 		for _, item := range v.Content {
 			if r := resolve(item); r.Kind != yaml.MappingNode {
-				d.addf(d.pos(r), "%s<< takes a mapping or a list of mappings, got %s", prefix(path), describe(r))
+				d.pathf(d.pos(r), path, "<< takes a mapping or a list of mappings, got %s", describe(r))
 				continue
 			}
 			out = append(out, d.mergeSources(path, item)...)
 		}
 		return out
 	}
-	d.addf(d.pos(v), "%s<< takes a mapping or a list of mappings, got %s", prefix(path), describe(v))
+	d.pathf(d.pos(v), path, "<< takes a mapping or a list of mappings, got %s", describe(v))
 	return nil
 }

@@ -103,6 +103,8 @@ var errorCases = []struct {
 	{"host is url", "version: 1\ntargets:\n  - {name: a, hosts: ['https://a.com']}\n", `3:23: targets[0].hosts[0]: "https://a.com" is not a host`, 0},
 	{"grpc service name", "version: 1\ntargets:\n  - {name: a, grpc_service: /a.B/C}\n", `3:29: targets[0].grpc_service: "/a.B/C" is not a gRPC service name`, 0},
 	{"same listen twice", "version: 1\nadmin: {listen: '127.0.0.1:9901'}\nrls: {listen: '127.0.0.1:9901'}\n", "3:15: rls.listen: 127.0.0.1:9901 is already used by admin.listen (127.0.0.1:9901, line 2)", 0},
+	{"wildcard after hosts clashes with the first", "version: 1\nbridges:\n  - {name: a, listen: '127.0.0.1:7000', upstream: 'db:1'}\n  - {name: b, listen: '127.0.0.2:7000', upstream: 'db:1'}\n  - {name: c, listen: ':7000', upstream: 'db:1'}\n  - {name: d, listen: '127.0.0.2:7000', upstream: 'db:1'}\n", "5:23: bridges[2].listen: :7000 is already used by bridges[0].listen (127.0.0.1:7000, line 3)", 2},
+	{"host clashes with the earliest of host and wildcard", "version: 1\nbridges:\n  - {name: a, listen: '127.0.0.1:7000', upstream: 'db:1'}\n  - {name: b, listen: '127.0.0.2:7000', upstream: 'db:1'}\n  - {name: c, listen: ':7000', upstream: 'db:1'}\n  - {name: d, listen: '127.0.0.2:7000', upstream: 'db:1'}\n", "6:23: bridges[3].listen: 127.0.0.2:7000 is already used by bridges[1].listen (127.0.0.2:7000, line 4)", 2},
 	{"wildcard listen clash", "version: 1\ningress: {listen: '0.0.0.0:8080', worker: 'http://w'}\nbridges:\n  - {name: db, listen: '127.0.0.1:8080', upstream: 'db:5432'}\n", "4:24: bridges[0].listen: 127.0.0.1:8080 is already used by ingress.listen", 0},
 	{"env name", "version: 1\nadmin: {listen: ':1', token_env: 'my token'}\n", `2:34: admin.token_env: "my token" is not an environment variable name`, 0},
 	{"tenant header", "version: 1\ningress:\n  listen: ':1'\n  worker: 'http://w'\n  tenant: {header: 'x tenant', rate: 1, window: 1}\n", `5:20: ingress.tenant.header: "x tenant" is not an HTTP header name`, 0},
@@ -179,11 +181,11 @@ func TestParseErrors(t *testing.T) {
 				t.Fatalf("error %T is not policy.Errors: %v", err, err)
 			}
 			n := max(tc.n, 1)
-			if len(errs) != n {
-				t.Errorf("got %d errors, want %d:\n%v", len(errs), n, err)
+			if errs.Len() != n {
+				t.Errorf("got %d errors, want %d:\n%v", errs.Len(), n, err)
 			}
 			want := "t.yaml:" + tc.want
-			for _, is := range errs {
+			for _, is := range errs.Issues {
 				if strings.HasPrefix(is.String(), want) {
 					return
 				}

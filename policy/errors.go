@@ -2,8 +2,17 @@ package policy
 
 import (
 	"fmt"
+	"sort"
+	"strconv"
 	"strings"
 )
+
+// MaxErrors is how many errors a policy's Errors lists. A file can hold
+// hundreds of thousands of mistakes (one per line of a generated tenant
+// list); the ones past the first MaxErrors are counted, never kept or
+// formatted, so that reporting them costs no more than reporting a
+// hundred, in memory, in the log and in /v1/policy.
+const MaxErrors = 100
 
 // Issue is one finding about a policy file, located at FILE:LINE:COL.
 type Issue struct {
@@ -15,13 +24,114 @@ func (i Issue) String() string {
 	return fmt.Sprintf("%s:%d:%d: %s", i.Pos.File, i.Pos.Line, i.Pos.Column, i.Message)
 }
 
-// Errors is every error found in one policy file, in file order.
-type Errors []Issue
+// Errors is what is wrong with one policy file: its first MaxErrors
+// errors in file order, and how many more there are.
+type Errors struct {
+	Issues []Issue
+	More   int // errors found after Issues, counted only
+}
 
-func (e Errors) Error() string {
-	lines := make([]string, len(e))
-	for i, is := range e {
-		lines[i] = is.String()
+// Len is how many errors the file has, listed or not.
+func (e Errors) Len() int { return len(e.Issues) + e.More }
+
+// Lines is one line per listed error, FILE:LINE:COL: message, then, when
+// some were only counted, "... and N more errors".
+func (e Errors) Lines() []string { return lines(e.Issues, e.More, "error") }
+
+func (e Errors) Error() string { return strings.Join(e.Lines(), "\n") }
+
+// WarningLines is one line per listed warning, FILE:LINE:COL: message,
+// then, when some were only counted, "... and N more warnings".
+func (p *Policy) WarningLines() []string { return lines(p.Warnings, p.MoreWarnings, "warning") }
+
+// lines is one line per issue, then "... and 9900 more errors" (for noun
+// "error") when more were counted.
+func lines(issues []Issue, more int, noun string) []string {
+	out := make([]string, len(issues), len(issues)+1)
+	for i, is := range issues {
+		out[i] = is.String()
 	}
-	return strings.Join(lines, "\n")
+	if more > 0 {
+		out = append(out, moreLine(more, noun))
+	}
+	return out
+}
+
+func moreLine(n int, noun string) string {
+	if n != 1 {
+		noun += "s"
+	}
+	return "... and " + strconv.Itoa(n) + " more " + noun
+}
+
+// firstIssues keeps the first MaxErrors issues in file order while they
+// are found in any order (validation reports after decoding), and counts
+// the others. An issue is formatted only if it may be kept: one after the
+// last kept issue, once MaxErrors are kept, is counted and dropped.
+type firstIssues struct {
+	kept []Issue // in file order; stable for issues at one position
+	more int
+}
+
+// oneLine keeps a message on one line, because each issue is one line of
+// `warden validate` output.
+var oneLine = strings.NewReplacer("\r", `\r`, "\n", `\n`)
+
+// add records the issue at pos whose message is prefix(path) followed by
+// format and args; nothing is formatted unless it is kept.
+func (f *firstIssues) add(pos Position, path, format string, args []any) {
+	full := len(f.kept) == MaxErrors
+	if full && before(f.kept[len(f.kept)-1].Pos, pos) {
+		f.more++
+		return
+	}
+	is := Issue{Pos: pos, Message: oneLine.Replace(prefix(path) + fmt.Sprintf(format, args...))}
+	// i is where is goes: after every issue at or before its position.
+	i := sort.Search(len(f.kept), func(i int) bool { return before(pos, f.kept[i].Pos) })
+	// An aliased subtree can produce the same finding twice; a repeat
+	// shares its position. An issue whose position is before the last
+	// kept one has had every issue at that position kept, so the repeat
+	// is found; past the cut they are counted, and stay so.
+	for j := i - 1; j >= 0 && !before(f.kept[j].Pos, pos); j-- {
+		if f.kept[j] == is {
+			return
+		}
+	}
+	if full {
+		f.more++
+		if i == len(f.kept) {
+			return
+		}
+		f.kept = f.kept[:len(f.kept)-1]
+	}
+	f.kept = append(f.kept, Issue{})
+	copy(f.kept[i+1:], f.kept[i:])
+	f.kept[i] = is
+}
+
+// addListed is add for an issue that must be listed even past the cut:
+// then it takes the last listed place, and the issue it displaces is
+// counted instead.
+func (f *firstIssues) addListed(pos Position, path, format string, args []any) {
+	if len(f.kept) == MaxErrors && !before(pos, f.kept[len(f.kept)-1].Pos) {
+		f.kept = f.kept[:len(f.kept)-1]
+		f.more++
+	}
+	f.add(pos, path, format, args)
+}
+
+// errors is what add found; the zero Errors when nothing.
+func (f *firstIssues) errors() Errors {
+	if len(f.kept) == 0 {
+		return Errors{}
+	}
+	return Errors{Issues: f.kept, More: f.more}
+}
+
+// before reports whether a comes before b in the file.
+func before(a, b Position) bool {
+	if a.Line != b.Line {
+		return a.Line < b.Line
+	}
+	return a.Column < b.Column
 }

@@ -11,7 +11,8 @@ import (
 var errorLine = regexp.MustCompile(`^[^:]+:\d+:\d+: `)
 
 // FuzzParse: whatever the bytes, Parse returns (it never panics or hangs),
-// and every error line is FILE:LINE:COL: message.
+// and every error line is FILE:LINE:COL: message, at most MaxErrors of
+// them, then "... and N more errors" when there are more.
 func FuzzParse(f *testing.F) {
 	if data, err := os.ReadFile(examplePath); err == nil {
 		f.Add(data)
@@ -36,12 +37,21 @@ func FuzzParse(f *testing.F) {
 			t.Fatal("policy returned with errors")
 		}
 		var errs Errors
-		if !errors.As(err, &errs) || len(errs) == 0 {
+		if !errors.As(err, &errs) || len(errs.Issues) == 0 {
 			t.Fatalf("error is not a non-empty Errors: %T %v", err, err)
 		}
+		if len(errs.Issues) > MaxErrors || (errs.More > 0 && len(errs.Issues) != MaxErrors) {
+			t.Fatalf("%d issues listed and %d more counted", len(errs.Issues), errs.More)
+		}
 		lines := strings.Split(err.Error(), "\n")
-		if len(lines) != len(errs) {
-			t.Fatalf("%d issues printed as %d lines", len(errs), len(lines))
+		if errs.More > 0 {
+			if last := lines[len(lines)-1]; last != moreLine(errs.More, "error") {
+				t.Fatalf("last line %q, want %q", last, moreLine(errs.More, "error"))
+			}
+			lines = lines[:len(lines)-1]
+		}
+		if len(lines) != len(errs.Issues) {
+			t.Fatalf("%d issues printed as %d lines", len(errs.Issues), len(lines))
 		}
 		for _, l := range lines {
 			if !errorLine.MatchString(l) {

@@ -3,9 +3,7 @@ package policy
 import (
 	"fmt"
 	"regexp"
-	"sort"
 	"strconv"
-	"strings"
 
 	"gopkg.in/yaml.v3"
 )
@@ -63,43 +61,26 @@ func (d *decoder) record(parent, path string, key, val *yaml.Node) {
 	d.locs[path] = loc{key: key, val: val, parent: parent}
 }
 
-// addf records an issue. Messages are kept to one line, because each issue
-// is one line of `warden validate` output.
+// addf records an issue (see firstIssues: past the first MaxErrors in
+// file order it is only counted).
 func (d *decoder) addf(pos Position, format string, args ...any) {
-	msg := fmt.Sprintf(format, args...)
-	msg = strings.NewReplacer("\r", `\r`, "\n", `\n`).Replace(msg)
-	d.issues = append(d.issues, Issue{Pos: pos, Message: msg})
+	d.found.add(pos, "", format, args)
+}
+
+// pathf records an issue about path (its message starts with the path).
+func (d *decoder) pathf(pos Position, path, format string, args ...any) {
+	d.found.add(pos, path, format, args)
 }
 
 // failf reports a problem with the value at path, positioned at node n.
 func (d *decoder) failf(path string, n *yaml.Node, format string, args ...any) {
 	d.bad[path] = true
-	d.addf(d.pos(n), prefix(path)+format, args...)
+	d.found.add(d.pos(n), path, format, args)
 }
 
-// errors returns the issues sorted into file order, without repeats (an
-// aliased subtree can produce the same finding twice).
-func (d *decoder) errors() Errors {
-	if len(d.issues) == 0 {
-		return nil
-	}
-	sort.SliceStable(d.issues, func(i, j int) bool {
-		a, b := d.issues[i].Pos, d.issues[j].Pos
-		if a.Line != b.Line {
-			return a.Line < b.Line
-		}
-		return a.Column < b.Column
-	})
-	out := make(Errors, 0, len(d.issues))
-	seen := map[Issue]bool{}
-	for _, is := range d.issues {
-		if !seen[is] {
-			seen[is] = true
-			out = append(out, is)
-		}
-	}
-	return out
-}
+// errors returns the issues in file order, without repeats (an aliased
+// subtree can produce the same finding twice).
+func (d *decoder) errors() Errors { return d.found.errors() }
 
 func prefix(path string) string {
 	if path == "" {
@@ -133,10 +114,26 @@ func child(parent, key string) string {
 
 func index(parent string, i int) string { return parent + "[" + strconv.Itoa(i) + "]" }
 
+// suggestion is ` (did you mean "retry"?)` for a near-miss name, or "".
+// It is a fmt.Stringer, worked out only when its message is formatted:
+// issues past the first MaxErrors never are, and the edit distances of a
+// file full of unknown keys would cost more than everything else.
+type suggestion struct {
+	name  string
+	known func() []string
+}
+
+func (s suggestion) String() string { return suggest(s.name, s.known()) }
+
 // suggest returns ` (did you mean "retry"?)` for a near-miss key.
 func suggest(name string, known []string) string {
 	best, bestDist := "", 3
 	for _, k := range known {
+		// The distance is at least the difference in length: most of a
+		// long list of names is skipped without computing it.
+		if abs(len(name)-len(k)) >= bestDist {
+			continue
+		}
 		if dist := editDistance(name, k); dist < bestDist {
 			best, bestDist = k, dist
 		}
@@ -153,25 +150,28 @@ func editDistance(a, b string) int {
 	if len(a) > 64 || len(b) > 64 {
 		return 99
 	}
-	m := make([][]int, len(a)+1)
-	for i := range m {
-		m[i] = make([]int, len(b)+1)
-		m[i][0] = i
-	}
-	for j := range m[0] {
-		m[0][j] = j
+	// Three rows, on the stack: the one being filled and the two before
+	// it (a transposition looks two back).
+	var rows [3][65]int
+	prev2, prev, cur := &rows[0], &rows[1], &rows[2]
+	for j := range len(b) + 1 {
+		prev[j] = j
 	}
 	for i := 1; i <= len(a); i++ {
+		cur[0] = i
 		for j := 1; j <= len(b); j++ {
 			cost := 1
 			if a[i-1] == b[j-1] {
 				cost = 0
 			}
-			m[i][j] = min(m[i-1][j]+1, m[i][j-1]+1, m[i-1][j-1]+cost)
+			cur[j] = min(prev[j]+1, cur[j-1]+1, prev[j-1]+cost)
 			if i > 1 && j > 1 && a[i-1] == b[j-2] && a[i-2] == b[j-1] {
-				m[i][j] = min(m[i][j], m[i-2][j-2]+1)
+				cur[j] = min(cur[j], prev2[j-2]+1)
 			}
 		}
+		prev2, prev, cur = prev, cur, prev2
 	}
-	return m[len(a)][len(b)]
+	return prev[len(b)]
 }
+
+func abs(n int) int { return max(n, -n) }

@@ -50,10 +50,14 @@ type Policy struct {
 	Source    string     `yaml:"-"` // file name the policy came from
 	Hash      string     `yaml:"-"` // hex sha256 of the file's bytes
 	LoadedAt  time.Time  `yaml:"-"`
-	Warnings  []Issue    `yaml:"-"` // non-fatal findings (cap_key and shared-breaker mismatches)
-	poolIndex map[string]int
-	targetIdx map[string]int
-	leaders   []int // breakerLeaders(Targets), built with the indexes
+	// Warnings are non-fatal findings (cap_key and shared-breaker
+	// mismatches, an admin listener open beyond loopback without a token)
+	// in file order, at most MaxErrors; MoreWarnings counts the others.
+	Warnings     []Issue `yaml:"-"`
+	MoreWarnings int     `yaml:"-"`
+	poolIndex    map[string]int
+	targetIdx    map[string]int
+	leaders      []int // breakerLeaders(Targets), built with the indexes
 }
 
 // Admin is the admin listener.

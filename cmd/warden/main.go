@@ -91,16 +91,17 @@ func validateCmd(args []string, stdout, stderr io.Writer) int {
 			bad = true
 			var errs policy.Errors
 			if errors.As(err, &errs) {
-				for _, e := range errs {
-					fmt.Fprintln(stderr, e.String())
-				}
+				printLines(stderr, errs.Lines())
 			} else {
 				fmt.Fprintf(stderr, "%s: %v\n", file, err)
 			}
 			continue
 		}
-		for _, w := range p.Warnings {
-			fmt.Fprintln(stderr, w.String()+" (warning)")
+		for i, w := range p.WarningLines() {
+			if i < len(p.Warnings) {
+				w += " (warning)"
+			}
+			fmt.Fprintln(stderr, w)
 		}
 		fmt.Fprintf(stdout, "%s: ok\n", file)
 	}
@@ -155,13 +156,15 @@ func runCmd(args []string, stderr io.Writer) int {
 
 	a, err := app.New(app.Options{PolicyFile: *policyFile, DataDir: *dataDir, Log: log, Version: buildVersion()})
 	if err != nil {
-		log.Error("cannot start", "err", err)
+		// A policy's errors are one log line with their count, then
+		// listed (at most policy.MaxErrors of them) as validate does.
 		var errs policy.Errors
-		if errors.As(err, &errs) {
-			for _, e := range errs {
-				fmt.Fprintln(stderr, e.String())
-			}
+		if !errors.As(err, &errs) {
+			log.Error("cannot start", "err", err)
+			return 1
 		}
+		log.Error("cannot start: the policy does not validate", "policy", *policyFile, "error_count", errs.Len())
+		printLines(stderr, errs.Lines())
 		return 1
 	}
 	if err := a.Run(ctx, hup); err != nil {
@@ -169,6 +172,12 @@ func runCmd(args []string, stderr io.Writer) int {
 		return 1
 	}
 	return 0
+}
+
+func printLines(w io.Writer, lines []string) {
+	for _, l := range lines {
+		fmt.Fprintln(w, l)
+	}
 }
 
 func newLogger(w io.Writer, format, level string) (*slog.Logger, error) {

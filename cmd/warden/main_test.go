@@ -82,6 +82,107 @@ targets:
 	}
 }
 
+// manyErrors writes a policy with 10,000 mistakes, one per tenant
+// override, and returns its path.
+func manyErrors(t *testing.T) string {
+	t.Helper()
+	var src strings.Builder
+	src.WriteString("version: 1\ningress:\n  listen: 127.0.0.1:8080\n  worker: http://127.0.0.1:9000\n  tenant: {rate: 10, window: 60}\n  tenants:\n")
+	for i := range 10_000 {
+		fmt.Fprintf(&src, "    t%05d: {rate: 1, window: 7}\n", i)
+	}
+	file := filepath.Join(t.TempDir(), "many.yaml")
+	if err := os.WriteFile(file, []byte(src.String()), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return file
+}
+
+// firstHundred checks that lines are the first 100 errors of manyErrors'
+// file, then the count of the rest.
+func firstHundred(t *testing.T, lines []string) {
+	t.Helper()
+	if len(lines) != 101 {
+		t.Fatalf("%d error lines, want 101", len(lines))
+	}
+	loc := regexp.MustCompile(`^[^:]+:\d+:\d+: `)
+	for i, l := range lines[:100] {
+		if !loc.MatchString(l) || !strings.Contains(l, fmt.Sprintf("t%05d.window", i)) {
+			t.Fatalf("line %d = %q, want tenant %d's error", i, l, i)
+		}
+	}
+	if lines[100] != "... and 9900 more errors" {
+		t.Errorf("last line %q", lines[100])
+	}
+}
+
+// A file with 10,000 mistakes prints the first 100 and one line counting
+// the rest, whether validated or run.
+func TestValidateListsTheFirstHundredErrors(t *testing.T) {
+	file := manyErrors(t)
+	var out, errb bytes.Buffer
+	if code := run([]string{"validate", file}, &out, &errb); code != 1 {
+		t.Fatalf("exit %d, want 1", code)
+	}
+	firstHundred(t, strings.Split(strings.TrimSuffix(errb.String(), "\n"), "\n"))
+}
+
+func TestRunRefusesToStartWithTheFirstHundredErrors(t *testing.T) {
+	file := manyErrors(t)
+	var errb bytes.Buffer
+	if code := run([]string{"run", "--policy", file, "--data-dir", t.TempDir()}, io.Discard, &errb); code != 1 {
+		t.Fatalf("exit %d, want 1", code)
+	}
+	lines := strings.Split(strings.TrimSuffix(errb.String(), "\n"), "\n")
+	if !strings.Contains(lines[0], `msg="cannot start: the policy does not validate"`) || !strings.Contains(lines[0], "error_count=10000") {
+		t.Fatalf("first line %q, want the one log line with the count", lines[0])
+	}
+	firstHundred(t, lines[1:])
+}
+
+// validate warns, without failing, of an admin listener beyond loopback
+// when the environment holds no token.
+func TestValidateWarnsOfAnOpenAdmin(t *testing.T) {
+	const env = "WARDEN_VALIDATE_TEST_TOKEN"
+	dir := t.TempDir()
+	write := func(name, listen string) string {
+		file := filepath.Join(dir, name)
+		body := fmt.Sprintf("version: 1\nadmin: { listen: %q, token_env: %s }\n", listen, env)
+		if err := os.WriteFile(file, []byte(body), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		return file
+	}
+	open, local := write("open.yaml", "0.0.0.0:9901"), write("local.yaml", "127.0.0.1:9901")
+	for _, tc := range []struct {
+		name, file, token string
+		warn              bool
+	}{
+		{"wildcard, no token", open, "", true},
+		{"wildcard, token set", open, "s3cret", false},
+		{"loopback, no token", local, "", false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Setenv(env, tc.token)
+			var out, errb bytes.Buffer
+			if code := run([]string{"validate", tc.file}, &out, &errb); code != 0 || !strings.HasSuffix(out.String(), ": ok\n") {
+				t.Fatalf("exit %d, stdout %q: a warning must not fail validation", code, out.String())
+			}
+			got := errb.String()
+			if !tc.warn {
+				if got != "" {
+					t.Fatalf("unexpected stderr %q", got)
+				}
+				return
+			}
+			if !strings.Contains(got, "open.yaml:2:18: admin.listen: 0.0.0.0:9901 is not a loopback address") ||
+				!strings.Contains(got, "every admin GET (tenants, queues, metrics, policy)") || !strings.HasSuffix(got, " (warning)\n") {
+				t.Fatalf("stderr %q lacks the admin warning", got)
+			}
+		})
+	}
+}
+
 func TestVersion(t *testing.T) {
 	var out bytes.Buffer
 	if code := run([]string{"version"}, &out, io.Discard); code != 0 || !strings.HasPrefix(out.String(), "warden ") {

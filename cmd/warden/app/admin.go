@@ -51,15 +51,12 @@ func (a *App) adminSources() admin.Sources {
 			a.statusMu.Lock()
 			st := admin.PolicyStatus{
 				Source: p.Source, Hash: p.Hash, LoadedAt: p.LoadedAt.UTC().Format(time.RFC3339Nano),
-				LastReloadError: a.lastErr, ApplyError: a.applyErr, Warnings: []string{},
+				LastReloadError: a.lastErr, ApplyError: a.applyErr, Warnings: p.WarningLines(),
 			}
 			if !a.lastReloadAt.IsZero() {
 				st.LastReloadAt = a.lastReloadAt.UTC().Format(time.RFC3339Nano)
 			}
 			a.statusMu.Unlock()
-			for _, w := range p.Warnings {
-				st.Warnings = append(st.Warnings, w.String())
-			}
 			return st
 		},
 		Reload: a.Reload,

@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"runtime/debug"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -207,6 +208,11 @@ func (a *App) start(ctx context.Context) error {
 // again rather than finding it unchanged, so the fix for a taken port is to
 // free it and reload.
 func (a *App) Reload() error {
+	// Parsing holds the file's whole YAML tree, tens of times the file's
+	// size, and all of it is garbage once the reload is done: give it back
+	// now (after the lock is released). Left to the scavenger, a refused
+	// 7 MB file kept warden at 460 MB resident; given back, 38 MB.
+	defer debug.FreeOSMemory()
 	a.reloadMu.Lock()
 	defer a.reloadMu.Unlock()
 	if a.draining.Load() {
@@ -219,14 +225,7 @@ func (a *App) Reload() error {
 	if err != nil {
 		a.metrics.PolicyReloadErrors.Inc()
 		a.setStatus(err.Error(), now)
-		var errs policy.Errors
-		if errors.As(err, &errs) {
-			for _, e := range errs {
-				a.log.Error("policy reload refused; keeping the running policy", "error", e.String())
-			}
-		} else {
-			a.log.Error("policy reload refused; keeping the running policy", "err", err)
-		}
+		a.log.Error("policy reload refused; keeping the running policy", refusal(err)...)
 		return err
 	}
 	old := a.holder.Load()
@@ -267,6 +266,18 @@ func (a *App) Reload() error {
 	return nil
 }
 
+// refusal is the log attributes of a refused reload: for a file that does
+// not validate, how many errors it has and, in one attribute, the list
+// policy.Errors keeps (the first policy.MaxErrors, then "... and N more
+// errors"), so that a file with a mistake on every line is one log line.
+func refusal(err error) []any {
+	var errs policy.Errors
+	if errors.As(err, &errs) {
+		return []any{"error_count", errs.Len(), "errors", errs.Lines()}
+	}
+	return []any{"err", err}
+}
+
 // setStatus records the outcome of a reload that put nothing in force.
 func (a *App) setStatus(errText string, at time.Time) {
 	a.statusMu.Lock()
@@ -284,8 +295,8 @@ func (a *App) setApplied(errText string, at time.Time) {
 }
 
 func (a *App) logWarnings(p *policy.Policy) {
-	for _, w := range p.Warnings {
-		a.log.Warn("policy warning", "warning", w.String())
+	for _, w := range p.WarningLines() {
+		a.log.Warn("policy warning", "warning", w)
 	}
 	if w := listener.BudgetWarning(p, a.nofile); w != "" {
 		a.log.Warn("policy warning: connection caps over the file limit", "warning", w)

@@ -1,13 +1,18 @@
 package app
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"net/http"
 	"regexp"
+	"runtime"
+	"slices"
 	"strings"
+	"sync"
 	"testing"
 
 	"github.com/warden-dev/warden/governor/clock"
@@ -247,4 +252,113 @@ func post(t *testing.T, url, token string) (int, string) {
 	defer resp.Body.Close()
 	b, _ := io.ReadAll(resp.Body)
 	return resp.StatusCode, string(b)
+}
+
+// recorder keeps the log records whose message starts with prefix.
+type recorder struct {
+	prefix string
+	mu     *sync.Mutex
+	recs   *[]slog.Record
+}
+
+func (r recorder) Enabled(context.Context, slog.Level) bool { return true }
+func (r recorder) WithAttrs([]slog.Attr) slog.Handler       { return r }
+func (r recorder) WithGroup(string) slog.Handler            { return r }
+
+func (r recorder) Handle(_ context.Context, rec slog.Record) error {
+	if strings.HasPrefix(rec.Message, r.prefix) {
+		r.mu.Lock()
+		*r.recs = append(*r.recs, rec)
+		r.mu.Unlock()
+	}
+	return nil
+}
+
+func (r recorder) records() []slog.Record {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return slices.Clone(*r.recs)
+}
+
+// A refused reload of a file with 10,000 errors is one log line with the
+// count and the first 100, and /v1/policy, the 422 answer and the metric
+// carry no more than that.
+func TestRefusedReloadReportsTheFirstHundredErrors(t *testing.T) {
+	t.Setenv(reloadTokenEnv, "tok")
+	refusals := recorder{prefix: "policy reload refused", mu: &sync.Mutex{}, recs: &[]slog.Record{}}
+	running := fmt.Sprintf("version: 1\nadmin: { listen: \"127.0.0.1:0\", token_env: %s }\n", reloadTokenEnv)
+	in := startAppWith(t, running, Options{Clock: clock.Real{}, Log: slog.New(refusals)})
+	hash := getPolicy(t, in).Hash
+
+	var bad strings.Builder
+	bad.WriteString(running + "ingress:\n  listen: 127.0.0.1:0\n  worker: http://127.0.0.1:9\n  tenant: {rate: 10, window: 60}\n  tenants:\n")
+	for i := range 10_000 {
+		fmt.Fprintf(&bad, "    t%05d: {rate: 1, window: 7}\n", i)
+	}
+	writePolicy(t, in.file, bad.String())
+	wantLines := func(t *testing.T, where string, lines []string) {
+		t.Helper()
+		if len(lines) != 101 || !strings.Contains(lines[0], "p.yaml:8:") || !strings.Contains(lines[99], "t00099.window") || lines[100] != "... and 9900 more errors" {
+			t.Fatalf("%s: %d lines, want 100 errors and the count of the rest; first %q, last %q", where, len(lines), lines[0], lines[len(lines)-1])
+		}
+	}
+
+	if err := in.Reload(); err == nil {
+		t.Fatal("a policy with 10,000 errors was accepted")
+	}
+	refused := refusals.records()
+	if len(refused) != 1 {
+		t.Fatalf("%d log lines for one refused reload, want 1", len(refused))
+	}
+	attrs := map[string]slog.Value{}
+	refused[0].Attrs(func(a slog.Attr) bool { attrs[a.Key] = a.Value; return true })
+	if n := attrs["error_count"]; n.Kind() != slog.KindInt64 || n.Int64() != 10_000 {
+		t.Errorf("error_count = %v, want 10000", n)
+	}
+	logged, _ := attrs["errors"].Any().([]string)
+	wantLines(t, "log", logged)
+
+	st := getPolicy(t, in)
+	if st.Hash != hash {
+		t.Fatal("the refused policy was put in force")
+	}
+	wantLines(t, "last_reload_error", strings.Split(st.LastReloadError, "\n"))
+
+	code, body := post(t, "http://"+in.AdminAddr()+"/v1/policy/reload", "tok")
+	var answer struct {
+		Status string   `json:"status"`
+		Errors []string `json:"errors"`
+	}
+	if err := json.Unmarshal([]byte(body), &answer); err != nil || code != http.StatusUnprocessableEntity || answer.Status != "rejected" {
+		t.Fatalf("POST /v1/policy/reload: %d %.200s (%v)", code, body, err)
+	}
+	wantLines(t, "422 body", answer.Errors)
+	if got := metricValue(t, in, "warden_policy_reload_errors_total"); got != "2" {
+		t.Errorf("warden_policy_reload_errors_total = %s after two refused reloads, want 2", got)
+	}
+}
+
+// What parsing a large file took is given back to the OS when the reload
+// ends, not held until the scavenger gets to it.
+func TestReloadReturnsParseMemory(t *testing.T) {
+	in := startApp(t, "version: 1\nadmin: { listen: \"127.0.0.1:0\" }\n", "", clock.Real{})
+	var bad strings.Builder
+	bad.WriteString("version: 1\ningress:\n  listen: 127.0.0.1:0\n  worker: http://127.0.0.1:9\n  tenant: {rate: 10, window: 60}\n  tenants:\n")
+	for i := range 50_000 {
+		fmt.Fprintf(&bad, "    t%05d: {rate: 1, window: 7}\n", i)
+	}
+	writePolicy(t, in.file, bad.String())
+	// Held from the OS: heap spans in use or idle but not released.
+	held := func() uint64 {
+		var m runtime.MemStats
+		runtime.ReadMemStats(&m)
+		return m.HeapSys - m.HeapReleased
+	}
+	before := held()
+	if err := in.Reload(); err == nil {
+		t.Fatal("a policy with 50,000 errors was accepted")
+	}
+	if after := held(); after > before+16<<20 {
+		t.Errorf("the process holds %d MiB more heap after the reload than before (%d MiB); want under 16", (after-before)>>20, before>>20)
+	}
 }
