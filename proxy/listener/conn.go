@@ -19,6 +19,12 @@ import (
 // own deadlines, which are timeouts too.
 var ErrBodyIdle = errors.New("request body stalled: nothing arrived for the listener's body_idle")
 
+// ErrBareLF is the error of a read that found a line of a connection's
+// first request head ended by a bare LF. fasthttp waits for the CRLFCRLF
+// that ends a head, which such a client never sends: without this it
+// would hold the connection until the header timeout, then answer 408.
+var ErrBareLF = errors.New("a line of the request head ends in a bare LF, not CRLF")
+
 // counted is a connection the gate let through: uncounted once, when it
 // is closed, whoever closes it (the server, a hijacker, a drain).
 type counted struct {
@@ -92,6 +98,7 @@ type conn struct {
 	counted
 	to    policy.ListenerTimeouts
 	phase atomic.Uint32
+	first headScan // read only by the serving goroutine, in the head phase
 
 	mu   sync.Mutex
 	hard time.Time // the read deadline the server or a handler set (zero: none)
@@ -123,6 +130,11 @@ func (c *conn) Read(p []byte) (int, error) {
 func (c *conn) read(p []byte) (int, error) {
 	ph := phase(c.phase.Load())
 	n, err := c.Conn.Read(p)
+	if ph == phaseHead && !c.first.done {
+		if serr := c.first.scan(p[:n]); serr != nil {
+			return 0, serr
+		}
+	}
 	if err != nil && ph != phaseOff && errors.Is(err, os.ErrDeadlineExceeded) {
 		if ph == phaseIdle {
 			c.timedOut(c.g.m.idle.Inc)
@@ -225,6 +237,39 @@ func (c *conn) handOff() {
 	defer c.mu.Unlock()
 	c.phase.Store(uint32(phaseOff))
 	_ = c.Conn.SetReadDeadline(c.hard)
+}
+
+// headScan follows a connection's first request head as it is read, up
+// to the CRLFCRLF that ends it, for a line ended by a bare LF. Only the
+// first head is looked at: later ones may arrive with the bytes of the
+// request before them (pipelining), where no read marks their start. A
+// client whose first head is sound and a later one not waits out the
+// header timeout (408); one whose head ends in CRLFCRLF with a bare LF
+// inside is refused by the data plane's own head scan (proxy/httpwire).
+type headScan struct {
+	done  bool // the head's end was read: nothing more to look at
+	prev  byte // the byte before the next one read
+	crlfs int  // CRLFs in a row just read: 2 end the head
+}
+
+func (h *headScan) scan(b []byte) error {
+	for _, c := range b {
+		switch c {
+		case '\n':
+			if h.prev != '\r' {
+				return ErrBareLF
+			}
+			if h.crlfs++; h.crlfs == 2 {
+				h.done = true
+				return nil
+			}
+		case '\r':
+		default:
+			h.crlfs = 0
+		}
+		h.prev = c
+	}
+	return nil
 }
 
 // stallError is a body read that ran into body_idle: a timeout, and

@@ -52,8 +52,11 @@ var parseProblems = []struct{ in, say string }{
 // parseErrorMessage is the body text of the answer to a request fasthttp
 // could not read; it never contains a byte of the request.
 func parseErrorMessage(err error) string {
-	if errors.Is(err, ErrBodyIdle) {
+	switch {
+	case errors.Is(err, ErrBodyIdle):
 		return ErrBodyIdle.Error()
+	case errors.Is(err, ErrBareLF):
+		return "malformed request: " + ErrBareLF.Error()
 	}
 	if parseErrorStatus(err) == fasthttp.StatusRequestTimeout {
 		return "request head not received in time"
