@@ -151,8 +151,8 @@ func TestTenantNames(t *testing.T) {
 
 func BenchmarkWardenTenantCheck100k(b *testing.B) {
 	const n = 100_000
-	caps := tenant.New("ingress", &policy.TenantCap{Header: "x-tenant-id", Rate: unlimited, Window: 60},
-		nil, window.NewMemory(clock.Real{}))
+	caps := tenant.New("ingress", &policy.TenantCap{Header: "x-tenant-id", Rate: unlimited, Window: 60, MaxKeys: n},
+		nil, window.NewMemory(clock.Real{}), nil)
 	now := time.Now()
 	allTenants(n, func(name []byte) { caps.Check(name, now) })
 	var start tenantStart
