@@ -16,9 +16,12 @@ import (
 // holds: a Take that would create a key beyond it creates nothing and
 // answers Decision.Overflow. Keys already in the window keep working, and
 // the count starts again with each window. Every scope whose keys come from
-// clients (tenants, descriptor values) sets it; Scopes of one name and
-// window share their keys and their count, and each applies its own
-// MaxKeys (0: no cap) when it would add one.
+// clients (tenants, descriptor values) sets it, and keys the policy names
+// belong in a scope of their own. Scopes of one name and window share
+// their keys, and each applies its own MaxKeys (0: no cap) when it would
+// add one; what the cap counts then differs (Memory counts only the keys
+// capped takes added, Redis every key of the window), so callers keep one
+// MaxKeys per name.
 type Scope struct {
 	Name    string
 	Window  policy.Window

@@ -21,7 +21,7 @@ import (
 //
 // The count is per key space, not per Scope value: a reload builds new
 // Scopes whose windows are the old ones. A take through a Scope without a
-// cap (a tenant override) inserts keys the count does not include.
+// cap inserts keys the count does not include.
 
 // scopeKeys is the key count of one capped key space.
 type scopeKeys struct {

@@ -344,9 +344,8 @@ func TestKeyCapBoundsTheTable(t *testing.T) {
 	}
 }
 
-// Keys a Scope without a cap adds to a capped key space (a tenant's
-// override, counted under the same name) do not take the capped keys'
-// places.
+// In memory, keys a Scope without a cap adds to a capped key space do not
+// take the capped keys' places.
 func TestUncappedTakesDoNotCountAgainstTheCap(t *testing.T) {
 	clk := clock.NewFake(noon)
 	m := NewMemory(clk)
