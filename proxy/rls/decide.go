@@ -120,6 +120,9 @@ const maxRedirects = 2
 // limit no window is counted — the request is refused, and a refused
 // request consumes no one's quota (envoyproxy/ratelimit counts each
 // descriptor independently, and counts refused hits too).
+// A value its key-only entry's window has no room for (MaxKeys values
+// already; window.Decision.Overflow) is counted in the entry's overflow
+// window instead: the request is taken again with it redirected there.
 // The outcome names the control that refused ("" when OK) and the metrics
 // of the domain (of unknown domains for one that is not configured).
 func decide(cfg *config, counter window.Counter, req *rlspb.RateLimitRequest, now time.Time) (outcome, error) {
