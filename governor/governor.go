@@ -5,7 +5,6 @@
 package governor
 
 import (
-	"sort"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -113,10 +112,10 @@ func (g *Governor) Apply(p *policy.Policy) *Controls {
 		c.Pools = old.Pools.Rebuild(p.Pools)
 	}
 	if p.Ingress != nil {
-		c.IngressCaps = tenant.New("ingress", p.Ingress.Tenant, p.Ingress.Tenants, g.counter)
+		c.IngressCaps = tenant.New("ingress", p.Ingress.Tenant, p.Ingress.Tenants, g.counter, g.m)
 	}
 	if p.Egress != nil {
-		c.EgressCaps = tenant.New("egress", p.Egress.Tenant, p.Egress.Tenants, g.counter)
+		c.EgressCaps = tenant.New("egress", p.Egress.Tenant, p.Egress.Tenants, g.counter, g.m)
 	}
 	leaders := p.BreakerLeaders()
 	claimed := map[*breaker.Breaker]bool{}
@@ -143,21 +142,15 @@ func (g *Governor) Apply(p *policy.Policy) *Controls {
 	return c
 }
 
-// TenantUsage lists the live tenant windows of both listeners.
-func (c *Controls) TenantUsage(now time.Time) []tenant.Usage {
-	var out []tenant.Usage
-	for _, caps := range []*tenant.Caps{c.IngressCaps, c.EgressCaps} {
-		if caps != nil {
-			out = append(out, caps.Usage(now)...)
-		}
-	}
-	sort.Slice(out, func(i, j int) bool {
-		if out[i].Listener != out[j].Listener {
-			return out[i].Listener < out[j].Listener
-		}
-		return out[i].Tenant < out[j].Tenant
-	})
-	return out
+// Tenants lists a page of the live tenant windows of both listeners,
+// busiest first (tenant.List).
+func (c *Controls) Tenants(limit int, after *tenant.Cursor, now time.Time) ([]tenant.Usage, *tenant.Cursor) {
+	return tenant.List([]*tenant.Caps{c.IngressCaps, c.EgressCaps}, limit, after, now)
+}
+
+// Tenant looks one tenant up on both listeners (tenant.Find).
+func (c *Controls) Tenant(name string, now time.Time) []tenant.Usage {
+	return tenant.Find([]*tenant.Caps{c.IngressCaps, c.EgressCaps}, name, now)
 }
 
 // probeLeaseMargin covers the work after a timed-out exchange gives up and

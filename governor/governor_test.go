@@ -64,7 +64,7 @@ func TestApplyCarriesStateOfUnchangedControls(t *testing.T) {
 	if c2.Targets["a"].Pools[0] != c1.Pools.Get("shared") {
 		t.Fatal("target a's pool is not the surviving pool")
 	}
-	if u := c2.TenantUsage(clk.Now()); len(u) != 1 || u[0].Count != 1 {
+	if u, _ := c2.Tenants(10, nil, clk.Now()); len(u) != 1 || u[0].Count != 1 {
 		t.Fatalf("tenant window lost on reload: %+v", u)
 	}
 	if g.Current() != c2 {

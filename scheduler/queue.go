@@ -189,6 +189,20 @@ func (q *queue) release(h handle) entry {
 	return e
 }
 
+// queuedFirst is when g's oldest waiting run was queued (unix ns); 0 when none
+// waits. O(len(g.heap)).
+func (q *queue) queuedFirst(g *group) int64 {
+	oldest := int64(0)
+	for _, it := range g.heap {
+		if !q.stale(it) {
+			if at := q.slab[it.h].queuedAt; oldest == 0 || at < oldest {
+				oldest = at
+			}
+		}
+	}
+	return oldest
+}
+
 func (q *queue) stale(it item) bool {
 	e := &q.slab[it.h]
 	return e.g == nil || e.seq != it.seq

@@ -2,7 +2,6 @@ package scheduler
 
 import (
 	"slices"
-	"strings"
 	"time"
 )
 
@@ -21,12 +20,14 @@ type QueueState struct {
 }
 
 // maxKeyRows bounds the key rows per definition (the deepest first): a
-// definition may have millions of keys.
+// definition may have millions of keys, one per value a client sent.
 const maxKeyRows = 100
 
 // Queues reports queue depth and the age of the oldest waiting run per
 // definition, per key and per pool, for GET /v1/queues ("why is my run not
-// running?"). It walks the index once: O(waiting runs).
+// running?"). It walks each group's waiting runs once: O(waiting runs) in
+// time, and memory in the rows it answers (definitions and pools, and at
+// most maxKeyRows keys of each definition), not in the keys.
 func (s *Scheduler) Queues() any {
 	now := s.clk.Now()
 	s.mu.Lock()
@@ -50,20 +51,6 @@ func (s *Scheduler) Queues() any {
 		oldest  int64
 		running int
 	}
-	groups := map[*group]*agg{}
-	for i := range s.q.slab {
-		e := &s.q.slab[i]
-		if e.g == nil {
-			continue
-		}
-		a := groups[e.g]
-		if a == nil {
-			a = &agg{oldest: e.queuedAt}
-			groups[e.g] = a
-		}
-		a.depth++
-		a.oldest = min(a.oldest, e.queuedAt)
-	}
 	age := func(oldest int64) float64 {
 		if oldest == 0 {
 			return 0
@@ -80,24 +67,16 @@ func (s *Scheduler) Queues() any {
 	for _, name := range names {
 		dq := s.q.defs[name]
 		def := agg{}
-		var keys []QueueState
+		keys := deepestKeys{}
 		for _, g := range dq.groups {
-			a := groups[g]
-			if a == nil {
-				a = &agg{}
-			}
-			def.depth += a.depth
+			oldest := s.q.queuedFirst(g)
+			def.depth += g.live
 			def.running += g.running
-			if a.depth > 0 && (def.oldest == 0 || a.oldest < def.oldest) {
-				def.oldest = a.oldest
+			if g.live > 0 && (def.oldest == 0 || oldest < def.oldest) {
+				def.oldest = oldest
 			}
 			if dq.keyLimit > 0 {
-				row := QueueState{Scope: "key", Definition: name, Key: &g.key, Depth: a.depth,
-					OldestAgeSeconds: age(a.oldest), Running: g.running}
-				if a.depth > 0 {
-					row.Control = s.controlLocked(dq, g.key, now)
-				}
-				keys = append(keys, row)
+				keys.add(g)
 			}
 		}
 		if def.depth == 0 && def.running == 0 && (cfg == nil || cfg.defs[name] == nil) {
@@ -113,16 +92,14 @@ func (s *Scheduler) Queues() any {
 			row.Control = ControlDefinition
 		}
 		out = append(out, row)
-		slices.SortFunc(keys, func(a, b QueueState) int {
-			if a.Depth != b.Depth {
-				return b.Depth - a.Depth
+		for _, g := range keys.sorted() {
+			kr := QueueState{Scope: "key", Definition: name, Key: &g.key, Depth: g.live,
+				OldestAgeSeconds: age(s.q.queuedFirst(g)), Running: g.running}
+			if g.live > 0 {
+				kr.Control = s.controlLocked(dq, g.key, now)
 			}
-			return strings.Compare(*a.Key, *b.Key)
-		})
-		if len(keys) > maxKeyRows {
-			keys = keys[:maxKeyRows]
+			out = append(out, kr)
 		}
-		out = append(out, keys...)
 		if cfg != nil {
 			if d := cfg.defs[name]; d != nil && d.pool != nil {
 				p := pools[d.pool.ID()]
@@ -163,4 +140,59 @@ func (s *Scheduler) Queues() any {
 		out = append(out, row)
 	}
 	return out
+}
+
+// deepestKeys keeps the maxKeyRows groups of a definition that come first
+// in /v1/queues's order (deepest, then by key), one group at a time: a
+// heap whose top is the group to drop when a better one comes.
+type deepestKeys []*group
+
+// keyBefore orders key rows: the deepest first, then by key.
+func keyBefore(a, b *group) bool {
+	if a.live != b.live {
+		return a.live > b.live
+	}
+	return a.key < b.key
+}
+
+func (k *deepestKeys) add(g *group) {
+	h := *k
+	switch {
+	case len(h) < maxKeyRows:
+		h = append(h, g)
+		for i := len(h) - 1; i > 0 && keyBefore(h[(i-1)/2], h[i]); i = (i - 1) / 2 {
+			h[i], h[(i-1)/2] = h[(i-1)/2], h[i]
+		}
+	case keyBefore(g, h[0]):
+		h[0] = g
+		for i := 0; ; {
+			worst, l, r := i, 2*i+1, 2*i+2
+			if l < len(h) && keyBefore(h[worst], h[l]) {
+				worst = l
+			}
+			if r < len(h) && keyBefore(h[worst], h[r]) {
+				worst = r
+			}
+			if worst == i {
+				break
+			}
+			h[i], h[worst] = h[worst], h[i]
+			i = worst
+		}
+	}
+	*k = h
+}
+
+// sorted returns the groups kept, in row order.
+func (k deepestKeys) sorted() []*group {
+	slices.SortFunc(k, func(a, b *group) int {
+		if keyBefore(a, b) {
+			return -1
+		}
+		if keyBefore(b, a) {
+			return 1
+		}
+		return 0
+	})
+	return k
 }

@@ -49,7 +49,7 @@ type Metrics struct {
 	ListenerAcceptErrors *prometheus.CounterVec // listener: temporary accept errors retried
 	ListenerRestarts     *prometheus.CounterVec // listener: accept loops restarted after ending unexpectedly
 	ListenerTimeouts     *prometheus.CounterVec // listener, reason (header, body_idle, idle)
-	TenantOverflow       *prometheus.CounterVec // listener: requests counted in the overflow window
+	TenantOverflow       *prometheus.CounterVec // listener (ingress, egress, rls): requests counted in an overflow window
 	UnrequestedBytes     *prometheus.CounterVec // listener: pooled upstream connections closed holding unread bytes
 }
 
@@ -150,7 +150,7 @@ func New() *Metrics {
 		Name: "warden_listener_timeouts_total", Help: "Client connections ended by a slow-client timeout, by reason (header, body_idle, idle).",
 	}, []string{"listener", "reason"})
 	m.TenantOverflow = prometheus.NewCounterVec(prometheus.CounterOpts{
-		Name: "warden_tenant_overflow_total", Help: "Requests of tenants first seen beyond tenant.max_keys, counted in the shared overflow window.",
+		Name: "warden_tenant_overflow_total", Help: "Requests counted in a shared overflow window: their tenant (or RLS descriptor value) was first seen in a window already holding its cap (tenant.max_keys; 100000 per RLS entry).",
 	}, []string{"listener"})
 	m.UnrequestedBytes = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "warden_upstream_unrequested_bytes_total", Help: "Pooled upstream or worker connections closed instead of reused because they held bytes nobody asked for.",

@@ -19,7 +19,7 @@ func newCaps(clk clock.Clock) *Caps {
 	return New("ingress",
 		&policy.TenantCap{Header: "x-tenant-id", Rate: 3, Window: 1},
 		map[string]policy.Limit{"acme": {Rate: 5, Window: 60}},
-		window.NewMemory(clk))
+		window.NewMemory(clk), nil)
 }
 
 func TestCaps(t *testing.T) {
@@ -145,7 +145,7 @@ func TestUsage(t *testing.T) {
 	c.Check([]byte("globex"), clk.Now())
 	c.Check([]byte("globex"), clk.Now())
 	got := map[string]Usage{}
-	for _, u := range c.Usage(clk.Now()) {
+	for u := range c.Usage(clk.Now()) {
 		got[u.Tenant] = u
 	}
 	if u := got["acme"]; u.Count != 1 || u.Limit != 5 || u.Window != 60 || u.Remaining != 4 {
@@ -158,7 +158,7 @@ func TestUsage(t *testing.T) {
 
 func BenchmarkCheck100kTenants(b *testing.B) {
 	c := New("ingress", &policy.TenantCap{Header: "x-tenant-id", Rate: 1 << 30, Window: 60},
-		map[string]policy.Limit{"acme": {Rate: 500, Window: 1}}, window.NewMemory(clock.Real{}))
+		map[string]policy.Limit{"acme": {Rate: 500, Window: 1}}, window.NewMemory(clock.Real{}), nil)
 	keys := make([][]byte, 100_000)
 	for i := range keys {
 		keys[i] = []byte("tenant-" + strconv.Itoa(i))
@@ -179,7 +179,7 @@ func BenchmarkCheck100kTenants(b *testing.B) {
 
 func BenchmarkCheck100kTenantsParallel(b *testing.B) {
 	c := New("ingress", &policy.TenantCap{Header: "x-tenant-id", Rate: 1 << 30, Window: 60},
-		nil, window.NewMemory(clock.Real{}))
+		nil, window.NewMemory(clock.Real{}), nil)
 	keys := make([][]byte, 100_000)
 	for i := range keys {
 		keys[i] = []byte("tenant-" + strconv.Itoa(i))
@@ -208,7 +208,7 @@ func TestBackendDownReportsUpstream(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer down.Close()
-	c := New("ingress", &policy.TenantCap{Header: "x-tenant-id", Rate: 500, Window: 60}, nil, down)
+	c := New("ingress", &policy.TenantCap{Header: "x-tenant-id", Rate: 500, Window: 60}, nil, down, nil)
 	r := c.Check([]byte("acme"), clk.Now())
 	if r.Allowed || r.Control() != ControlUpstream || r.RetryAfter(clk.Now()) != 1 {
 		t.Fatalf("result %+v control %q retry %d", r, r.Control(), r.RetryAfter(clk.Now()))
@@ -217,7 +217,7 @@ func TestBackendDownReportsUpstream(t *testing.T) {
 	if got := string(r.AppendBody(nil, clk.Now())); got != want {
 		t.Fatalf("body %s, want %s", got, want)
 	}
-	if ok := New("ingress", &policy.TenantCap{Header: "x-tenant-id", Rate: 500, Window: 60}, nil, window.NewMemory(clk)).Check([]byte("acme"), clk.Now()); ok.Control() != Control {
+	if ok := New("ingress", &policy.TenantCap{Header: "x-tenant-id", Rate: 500, Window: 60}, nil, window.NewMemory(clk), nil).Check([]byte("acme"), clk.Now()); ok.Control() != Control {
 		t.Fatalf("memory control %q", ok.Control())
 	}
 }
@@ -227,7 +227,7 @@ func TestBackendDownReportsUpstream(t *testing.T) {
 func TestRateZeroDisables(t *testing.T) {
 	clk := clock.NewFake(time.Date(2026, 1, 5, 12, 0, 17, 0, time.UTC))
 	caps := New("ingress", &policy.TenantCap{Header: "x-tenant-id", Rate: 0, Window: 1},
-		map[string]policy.Limit{"acme": {Rate: 1, Window: 1}}, window.NewMemory(clk))
+		map[string]policy.Limit{"acme": {Rate: 1, Window: 1}}, window.NewMemory(clk), nil)
 	for range 100 {
 		if r := caps.Check([]byte("globex"), clk.Now()); !r.Allowed {
 			t.Fatal("rate 0 refused a request")

@@ -1,6 +1,7 @@
 package window
 
 import (
+	"iter"
 	"sync/atomic"
 	"time"
 
@@ -10,10 +11,22 @@ import (
 // Scope is a family of windows that share a window size and a key space:
 // "tenant:ingress" at 1 s, "pool" at 60 s. Keys in different scopes never
 // collide. A Scope is created once per policy and reused on the hot path.
+//
+// MaxKeys, when set, caps the distinct keys the scope's current window
+// holds: a Take that would create a key beyond it creates nothing and
+// answers Decision.Overflow. Keys already in the window keep working, and
+// the count starts again with each window. Every scope whose keys come from
+// clients (tenants, descriptor values) sets it, and keys the policy names
+// belong in a scope of their own. Scopes of one name and window share
+// their keys, and each applies its own MaxKeys (0: no cap) when it would
+// add one; what the cap counts then differs (Memory counts only the keys
+// capped takes added, Redis every key of the window), so callers keep one
+// MaxKeys per name.
 type Scope struct {
-	Name   string
-	Window policy.Window
-	hash   uint64
+	Name    string
+	Window  policy.Window
+	MaxKeys int
+	hash    uint64
 	// redis caches the Redis key parts of the scope's current window.
 	redis atomic.Pointer[redisKeys]
 }
@@ -31,7 +44,12 @@ type Decision struct {
 	// report it with control "upstream", not as their rate control.
 	// Allowed is false whenever Unavailable is true.
 	Unavailable bool
-	Limit       int64
+	// Overflow marks a refusal of a key the window does not hold because
+	// its scope's window already holds Scope.MaxKeys keys: nothing was
+	// counted or created. Callers count such takes elsewhere (an overflow
+	// window). Allowed is false whenever Overflow is true.
+	Overflow bool
+	Limit    int64
 	// Count is the window's count after the call: it includes this take when
 	// allowed and excludes it when refused (refused calls never count).
 	Count int64
@@ -52,9 +70,10 @@ func (d Decision) ResetIn(now time.Time) time.Duration { return time.Duration(d.
 
 // Remaining is what is left of the allowance in the decision's window:
 // none when the decision was a refusal because the backend is unavailable
-// (nothing can be admitted until it returns, whatever the window held).
+// (nothing can be admitted until it returns, whatever the window held) or
+// because the key overflowed its scope (it has no window to take from).
 func (d Decision) Remaining() int64 {
-	if d.Unavailable {
+	if d.Unavailable || d.Overflow {
 		return 0
 	}
 	if r := d.Limit - d.Count; r > 0 {
@@ -91,10 +110,14 @@ type Counter interface {
 	Reset(s *Scope, key []byte)
 	// ResetScope does Reset for every key of the scope.
 	ResetScope(s *Scope)
-	// Usage lists the live windows of the scope.
-	Usage(s *Scope) []Usage
+	// Usage yields the live windows of the scope, one at a time, so that a
+	// listing costs memory in what the caller keeps, not in the number of
+	// keys. yield may run with the counter's locks held: it must not call
+	// the counter.
+	Usage(s *Scope) iter.Seq[Usage]
 	// TakeAll takes from every window of ws at now, or from none: all
-	// admit only when each window has room for its N. out (len(ws) long)
+	// admit only when each window has room for its N (and, for a key the
+	// window does not hold yet, its scope room for one more key). out (len(ws) long)
 	// gets one decision per window: Allowed says whether that window alone
 	// had room, Count includes this take only when all admitted. The
 	// windows must be distinct (no scope and key twice). It reports

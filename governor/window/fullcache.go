@@ -9,15 +9,18 @@ import "sync"
 // recheck after Redis last said full: a reset or refund made through
 // another sidecar is seen within that time instead of at the window's end
 // (a day window would otherwise stay refused for hours after an admin
-// reset elsewhere).
+// reset elsewhere). Its keys come from clients, so it holds at most
+// fullCacheMax entries: a window refused when the cache is full of live
+// entries is asked about again next time.
 type fullCache struct {
 	shards [16]fullShard
 }
 
 type fullShard struct {
-	mu sync.RWMutex
-	m  map[uint64]fullEntry
-	_  [32]byte // keep shards' locks on separate cache lines
+	mu      sync.RWMutex
+	m       map[uint64]fullEntry
+	scanned int64    // when a full shard was last cleared of entries out of force, unix ns
+	_       [24]byte // keep shards' locks on separate cache lines
 }
 
 type fullEntry struct {
@@ -26,6 +29,10 @@ type fullEntry struct {
 	until int64  // ask Redis again from here, unix ns
 	count int64
 }
+
+// fullCacheMax bounds the cache (about 100 bytes an entry): far more
+// windows than are refused at once by anything but a flood of keys.
+const fullCacheMax = 16 * 1024
 
 func (c *fullCache) shard(h uint64) *fullShard { return &c.shards[h&15] }
 
@@ -49,6 +56,22 @@ func (c *fullCache) mark(h, scope uint64, end, now, count, recheck int64) {
 	sh.mu.Lock()
 	if sh.m == nil {
 		sh.m = make(map[uint64]fullEntry)
+	}
+	if _, ok := sh.m[h]; !ok && len(sh.m) >= fullCacheMax/len(c.shards) {
+		// Entries last at most recheck: clearing a full shard more
+		// often than that would scan it for nothing on every refusal.
+		if now-sh.scanned >= recheck {
+			sh.scanned = now
+			for k, e := range sh.m {
+				if now >= e.until {
+					delete(sh.m, k)
+				}
+			}
+		}
+		if len(sh.m) >= fullCacheMax/len(c.shards) {
+			sh.mu.Unlock()
+			return
+		}
 	}
 	sh.m[h] = fullEntry{scope: scope, end: end, until: min(end, now+recheck), count: count}
 	sh.mu.Unlock()

@@ -2,6 +2,7 @@ package window
 
 import (
 	"runtime"
+	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -38,7 +39,7 @@ func newLeaseFixture(t *testing.T, admitted, leasedOut int64) *leaseFixture {
 	f.end = noon.Add(time.Minute).Unix()
 	sh := f.m.shardOf(f.h)
 	sh.mu.Lock()
-	sh.slotLocked(f.h, f.s, f.key).w.Store(pack(f.end, admitted+leasedOut))
+	sh.slotLocked(f.h, f.s, f.key, nil).w.Store(pack(f.end, admitted+leasedOut))
 	sh.mu.Unlock()
 	le := &f.m.leases[3].e[leaseIndex(f.h)]
 	le.h.Store(f.h)
@@ -66,7 +67,7 @@ func TestLeases(t *testing.T) {
 			if d := f.m.Peek(f.s, f.key, 30); d.Count != 10 {
 				t.Fatalf("Peek count %d, want 10 (20 are unspent credit)", d.Count)
 			}
-			if u := f.m.Usage(f.s); len(u) != 1 || u[0].Count != 10 {
+			if u := slices.Collect(f.m.Usage(f.s)); len(u) != 1 || u[0].Count != 10 {
 				t.Fatalf("Usage %+v, want one key counting 10", u)
 			}
 		}},

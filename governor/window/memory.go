@@ -1,6 +1,7 @@
 package window
 
 import (
+	"iter"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -33,11 +34,16 @@ const shardCount = 64 // a power of two; enough to keep two cores off each other
 // With more than one processor, a key taken again and again on one of them
 // is counted from a per-processor lease instead (lease.go), so that cores
 // taking the same key do not move its line between them on every take.
+//
+// A scope with MaxKeys holds at most that many keys (keycap.go).
 type Memory struct {
 	clk    clock.Clock
 	shards [shardCount]shard
 	spans  spans
 	leases []leaseTable // per processor (lease.go); nil with one processor
+
+	keys   atomic.Pointer[map[uint64]*scopeKeys] // per capped key space; copied on write
+	keysMu sync.Mutex                            // serialises writers of keys
 }
 
 type shard struct {
@@ -71,6 +77,7 @@ func pack(endSec, count int64) uint64 {
 
 type meta struct {
 	scope *Scope
+	keys  *scopeKeys // counts this key against its scope's cap; nil: not counted
 	key   string
 }
 
@@ -79,6 +86,7 @@ const initialSlots = 16
 // NewMemory returns an empty in-memory counter reading time from clk.
 func NewMemory(clk clock.Clock) *Memory {
 	m := &Memory{clk: clk, leases: newLeases()}
+	m.keys.Store(&map[uint64]*scopeKeys{})
 	for i := range m.shards {
 		m.shards[i].meta = make(map[uint64]meta)
 		m.shards[i].tab.Store(&table{slots: make([]slot, initialSlots)})
@@ -123,22 +131,26 @@ func (t *table) get(h uint64) *slot {
 }
 
 // slotLocked returns h's slot in the current table, inserting it when
-// missing. sh.mu must be held. The table grows past 7/8 full: probes stay
-// short at that load (four slots share a cache line), and a denser table
-// keeps more of itself in the cache, which is what a lookup among 100,000
-// keys mostly waits for.
-func (sh *shard) slotLocked(h uint64, s *Scope, key []byte) *slot {
+// missing, or nil when it is missing and ks (s's key count; nil: no cap)
+// holds s.MaxKeys keys. sh.mu must be held. The table grows past 7/8 full:
+// probes stay short at that load (four slots share a cache line), and a
+// denser table keeps more of itself in the cache, which is what a lookup
+// among 100,000 keys mostly waits for.
+func (sh *shard) slotLocked(h uint64, s *Scope, key []byte, ks *scopeKeys) *slot {
 	t := sh.tab.Load()
 	i := t.find(h)
 	if t.slots[i].h.Load() == h {
 		return &t.slots[i]
+	}
+	if ks != nil && !ks.admit(s.MaxKeys) {
+		return nil
 	}
 	if (sh.used+1)*8 > len(t.slots)*7 {
 		t = sh.rebuildLocked(len(t.slots)*2, -1)
 		i = t.find(h)
 	}
 	t.slots[i].h.Store(h)
-	sh.meta[h] = meta{scope: s, key: string(key)}
+	sh.meta[h] = meta{scope: s, keys: ks, key: string(key)}
 	sh.used++
 	return &t.slots[i]
 }
@@ -162,6 +174,9 @@ func (sh *shard) rebuildLocked(n int, dropBefore int64) *table {
 			w = e.w.Load()
 		}
 		if wEnd(w) <= dropBefore {
+			if ks := sh.meta[h].keys; ks != nil {
+				ks.held.Add(-1)
+			}
 			delete(sh.meta, h)
 			continue
 		}
@@ -259,7 +274,11 @@ func (m *Memory) Take(s *Scope, key []byte, limit, n int64, now time.Time) Decis
 			return d
 		}
 	}
-	count, ok, endSec := sh.takeWindow(h, s, key, cur.endSec, limit, n)
+	count, ok, endSec, overflow := m.takeWindow(sh, h, s, key, cur, limit, n)
+	if overflow {
+		d.Overflow = true
+		return d
+	}
 	if !ok && m.leases != nil {
 		// Refused by the window, which counts leased credit as used.
 		end := max(endSec, cur.endSec)
@@ -273,7 +292,7 @@ func (m *Memory) Take(s *Scope, key []byte, limit, n int64, now time.Time) Decis
 			// two callers name different limits): bring the credit back
 			// and judge the window by what it admitted.
 			sh.giveBack(h, end, c)
-			count, ok, endSec = sh.takeWindow(h, s, key, cur.endSec, limit, n)
+			count, ok, endSec, _ = m.takeWindow(sh, h, s, key, cur, limit, n)
 		}
 	}
 	d.Count, d.Allowed = count, ok
@@ -283,23 +302,37 @@ func (m *Memory) Take(s *Scope, key []byte, limit, n int64, now time.Time) Decis
 	return d
 }
 
-// takeWindow takes n from h's window itself (see take for the results).
-func (sh *shard) takeWindow(h uint64, s *Scope, key []byte, curEnd, limit, n int64) (count int64, ok bool, endSec int64) {
-	var done bool
+// takeWindow takes n from h's window itself (see take for the results),
+// in shard sh. overflow reports that h has no window and s's cap refused
+// to add one: nothing was taken.
+func (m *Memory) takeWindow(sh *shard, h uint64, s *Scope, key []byte, cur *span, limit, n int64) (count int64, ok bool, endSec int64, overflow bool) {
 	if e := sh.tab.Load().get(h); e != nil {
-		if count, ok, endSec, done = take(e, curEnd, limit, n); !done && endSec != 0 {
+		var done bool
+		if count, ok, endSec, done = take(e, cur.endSec, limit, n); done {
+			return count, ok, endSec, false
+		}
+		if endSec != 0 {
 			sh.giveBack(h, endSec, n)
-			done = true
+			return count, ok, endSec, false
 		}
 	}
-	if !done {
-		// A new key, or a table being rebuilt: the lock waits the rebuild
-		// out, and nothing can move the slot while it is held.
+	// A new key, or a table being rebuilt: the lock waits the rebuild out,
+	// and nothing can move the slot while it is held.
+	ks := m.keysOf(s)
+	for {
 		sh.mu.Lock()
-		count, ok, endSec, _ = take(sh.slotLocked(h, s, key), curEnd, limit, n)
+		e := sh.slotLocked(h, s, key, ks)
+		if e != nil {
+			count, ok, endSec, _ = take(e, cur.endSec, limit, n)
+		}
 		sh.mu.Unlock()
+		if e != nil {
+			return count, ok, endSec, false
+		}
+		if !m.makeRoom(ks, cur) {
+			return 0, false, 0, true
+		}
 	}
-	return count, ok, endSec
 }
 
 // Peek implements Counter.
@@ -376,9 +409,9 @@ func (m *Memory) Reset(s *Scope, key []byte) {
 
 // ResetScope implements Counter.
 func (m *Memory) ResetScope(s *Scope) {
-	m.each(func(e *slot, md meta) {
+	m.each(func(e *slot, md meta) bool {
 		if md.scope.hash != s.hash {
-			return
+			return true
 		}
 		for {
 			w := e.w.Load()
@@ -387,31 +420,34 @@ func (m *Memory) ResetScope(s *Scope) {
 			}
 		}
 		m.reclaim(e.h.Load(), -1)
+		return true
 	})
 }
 
-// Usage implements Counter.
-func (m *Memory) Usage(s *Scope) []Usage {
-	now := m.clk.Now()
-	nowSec := now.Unix()
-	var out []Usage
-	m.each(func(e *slot, md meta) {
-		w := e.w.Load()
-		if md.scope.hash != s.hash || wEnd(w) <= nowSec {
-			return
-		}
-		end := time.Unix(wEnd(w), 0).In(now.Location())
-		start, _ := Bounds(end.Add(-time.Nanosecond), s.Window)
-		count := max(wCount(w)-m.leased(e.h.Load(), wEnd(w)), 0)
-		out = append(out, Usage{Scope: s.Name, Window: s.Window, Key: md.key, Count: count, Start: start, End: end})
-	})
-	return out
+// Usage implements Counter. yield runs with one shard's lock held.
+func (m *Memory) Usage(s *Scope) iter.Seq[Usage] {
+	return func(yield func(Usage) bool) {
+		now := m.clk.Now()
+		nowSec := now.Unix()
+		m.each(func(e *slot, md meta) bool {
+			w := e.w.Load()
+			if md.scope.hash != s.hash || wEnd(w) <= nowSec {
+				return true
+			}
+			end := time.Unix(wEnd(w), 0).In(now.Location())
+			start, _ := Bounds(end.Add(-time.Nanosecond), s.Window)
+			count := max(wCount(w)-m.leased(e.h.Load(), wEnd(w)), 0)
+			return yield(Usage{Scope: s.Name, Window: s.Window, Key: md.key, Count: count, Start: start, End: end})
+		})
+	}
 }
 
 // Sweep drops every expired window, so that keys seen once (a tenant that
 // called yesterday) do not stay in memory. Run it periodically.
-func (m *Memory) Sweep() int {
-	nowSec := m.clk.Now().Unix()
+func (m *Memory) Sweep() int { return m.sweepBefore(m.clk.Now().Unix()) }
+
+// sweepBefore drops every window that ends at or before nowSec (unix s).
+func (m *Memory) sweepBefore(nowSec int64) int {
 	dropped := 0
 	for i := range m.shards {
 		sh := &m.shards[i]
@@ -449,14 +485,17 @@ func (m *Memory) Len() int {
 	return total
 }
 
-func (m *Memory) each(f func(*slot, meta)) {
+// each calls f on every slot, a shard at a time under its lock, until f
+// returns false.
+func (m *Memory) each(f func(*slot, meta) bool) {
 	for i := range m.shards {
 		sh := &m.shards[i]
 		sh.mu.Lock()
 		t := sh.tab.Load()
 		for j := range t.slots {
-			if e := &t.slots[j]; e.h.Load() != 0 {
-				f(e, sh.meta[e.h.Load()])
+			if e := &t.slots[j]; e.h.Load() != 0 && !f(e, sh.meta[e.h.Load()]) {
+				sh.mu.Unlock()
+				return
 			}
 		}
 		sh.mu.Unlock()

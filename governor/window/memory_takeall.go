@@ -12,7 +12,9 @@ import (
 // commit: then the takes already committed are given back and the whole
 // call is refused, so no window ever goes past its limit (a concurrent Take
 // may see the briefly raised count and be refused: the error is on the
-// side of the limit).
+// side of the limit). A new key its scope's cap refuses (Overflow) refuses
+// the whole call; when that cap may be held by expired keys they are swept
+// out first (keycap.go) and the call tried again.
 func (m *Memory) TakeAll(ws []Want, now time.Time, out []Decision) bool {
 	// Each key is hashed once; requests name a handful of windows, so the
 	// hashes stay on the stack.
@@ -24,6 +26,20 @@ func (m *Memory) TakeAll(ws []Want, now time.Time, out []Decision) bool {
 		hs = append(hs, h)
 		mask |= 1 << (h & (shardCount - 1)) // the bit of m.shardOf(h)
 	}
+	if m.takeAllOnce(ws, hs, mask, now, out) {
+		return true
+	}
+	swept := false
+	for i, w := range ws {
+		if out[i].Overflow && m.makeRoom(m.keysOf(w.Scope), m.spans.current(w.Scope.Window, now)) {
+			swept = true
+		}
+	}
+	return swept && m.takeAllOnce(ws, hs, mask, now, out)
+}
+
+// takeAllOnce is TakeAll's work under the locks of the shards in mask.
+func (m *Memory) takeAllOnce(ws []Want, hs []uint64, mask uint64, now time.Time, out []Decision) bool {
 	for b := mask; b != 0; b &= b - 1 {
 		m.shards[bits.TrailingZeros64(b)].mu.Lock()
 	}
@@ -41,7 +57,16 @@ func (m *Memory) TakeAll(ws []Want, now time.Time, out []Decision) bool {
 		return false
 	}
 	for i, w := range ws {
-		count, ok, endSec, _ := take(m.shardOf(hs[i]).slotLocked(hs[i], w.Scope, w.Key), out[i].end/int64(time.Second), w.Limit, w.N)
+		e := m.shardOf(hs[i]).slotLocked(hs[i], w.Scope, w.Key, m.keysOf(w.Scope))
+		var count, endSec int64
+		ok := false
+		if e == nil {
+			// Another shard's insert took the scope's last place since
+			// the check.
+			out[i].Overflow = true
+		} else {
+			count, ok, endSec, _ = take(e, out[i].end/int64(time.Second), w.Limit, w.N)
+		}
 		if ok {
 			out[i].Count = count
 			continue
@@ -71,7 +96,13 @@ func (m *Memory) peekLocked(w Want, h uint64, now time.Time) Decision {
 	if c := m.reclaim(h, cur.endSec); c > 0 {
 		sh.giveBackLocked(h, cur.endSec, c)
 	}
-	if e := sh.tab.Load().get(h); e != nil {
+	e := sh.tab.Load().get(h)
+	if e == nil {
+		if ks := m.keysOf(w.Scope); ks != nil && ks.held.Load() >= int64(w.Scope.MaxKeys) {
+			d.Overflow = true
+			return d
+		}
+	} else {
 		v := e.w.Load()
 		switch end := wEnd(v); {
 		case end == cur.endSec:

@@ -1,6 +1,7 @@
 package window
 
 import (
+	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -139,11 +140,11 @@ func TestCounterRules(t *testing.T) {
 			for i := 0; i < 100; i++ {
 				m.Take(s, []byte(strconv.Itoa(i)), 1, 1, clk.Now())
 			}
-			if n := len(m.Usage(s)); n != 100 {
+			if n := len(slices.Collect(m.Usage(s))); n != 100 {
 				t.Fatalf("%d live windows, want 100", n)
 			}
 			clk.Advance(time.Minute)
-			if n := len(m.Usage(s)); n != 0 {
+			if n := len(slices.Collect(m.Usage(s))); n != 0 {
 				t.Fatalf("%d live windows after expiry, want 0", n)
 			}
 			if dropped := m.Sweep(); dropped != 100 || m.Len() != 0 {
@@ -298,5 +299,69 @@ func TestConcurrentTakesAcrossRebuilds(t *testing.T) {
 	}
 	if d := m.Peek(hot, []byte("k"), limit); d.Count != limit {
 		t.Fatalf("window holds %d, want %d", d.Count, limit)
+	}
+}
+
+// A flood of distinct keys into a capped scope, window after window and
+// from many goroutines, never makes the table hold more than the cap: the
+// windows that ended are swept out when the cap is reached in the next.
+func TestKeyCapBoundsTheTable(t *testing.T) {
+	clk := clock.NewFake(noon)
+	m := NewMemory(clk)
+	s := NewScope("tenant:ingress", 1)
+	s.MaxKeys = 50
+	other := NewScope("pool", 60) // uncapped, and untouched by the flood
+	m.Take(other, []byte("stripe"), 10, 1, clk.Now())
+	for round := range 5 {
+		var wg sync.WaitGroup
+		var admitted, overflow atomic.Int64
+		for g := range 8 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for i := range 1000 {
+					d := m.Take(s, []byte(strconv.Itoa(round)+"-"+strconv.Itoa(g)+"-"+strconv.Itoa(i)), 1, 1, clk.Now())
+					switch {
+					case d.Allowed:
+						admitted.Add(1)
+					case d.Overflow:
+						overflow.Add(1)
+					}
+				}
+			}()
+		}
+		wg.Wait()
+		if admitted.Load() != 50 || overflow.Load() != 8000-50 {
+			t.Fatalf("round %d: %d admitted, %d overflowed; want 50 and %d", round, admitted.Load(), overflow.Load(), 8000-50)
+		}
+		if n := m.Len(); n > 51 {
+			t.Fatalf("round %d: the table holds %d windows, want at most the cap's 50 and the pool's", round, n)
+		}
+		clk.Advance(time.Second)
+	}
+	if d := m.Peek(other, []byte("stripe"), 10); d.Count != 1 {
+		t.Fatalf("the pool's window counts %d after the sweeps, want 1", d.Count)
+	}
+}
+
+// In memory, keys a Scope without a cap adds to a capped key space do not
+// take the capped keys' places.
+func TestUncappedTakesDoNotCountAgainstTheCap(t *testing.T) {
+	clk := clock.NewFake(noon)
+	m := NewMemory(clk)
+	capped, open := NewScope("tenant:ingress", 60), NewScope("tenant:ingress", 60)
+	capped.MaxKeys = 2
+	for i := range 10 {
+		if d := m.Take(open, []byte("o"+strconv.Itoa(i)), 1, 1, clk.Now()); !d.Allowed {
+			t.Fatalf("uncapped key %d: %+v", i, d)
+		}
+	}
+	for i := range 2 {
+		if d := m.Take(capped, []byte("c"+strconv.Itoa(i)), 1, 1, clk.Now()); !d.Allowed {
+			t.Fatalf("capped key %d: %+v", i, d)
+		}
+	}
+	if d := m.Take(capped, []byte("c2"), 1, 1, clk.Now()); !d.Overflow {
+		t.Fatalf("third capped key: %+v", d)
 	}
 }

@@ -3,7 +3,7 @@ package window
 import (
 	"context"
 	"errors"
-	"fmt"
+	"iter"
 	"log/slog"
 	"slices"
 	"strconv"
@@ -164,17 +164,26 @@ func (r *Redis) Take(s *Scope, key []byte, limit, n int64, now time.Time) Decisi
 	k := windowKeys(st.prefix, s, cur.start)
 	ck := k.counterKey(key)
 	op := redisx.GetOp()
-	op.AddWindow(ck, k.index, ck[len(k.base):], limit, n, time.Duration(cur.end-nowNs))
+	op.AddWindow(ck, k.index, ck[len(k.base):], limit, n, int64(s.MaxKeys), time.Duration(cur.end-nowNs))
 	if err := st.cli.Admit(op); err != nil {
 		redisx.PutOp(op)
 		return r.fallback(st, s, key, limit, n, now, d)
 	}
-	d.Count, d.Allowed = op.Result(0)
+	setResult(&d, op, 0)
 	redisx.PutOp(op)
-	if !d.Allowed && st.recheck > 0 {
+	if !d.Allowed && !d.Overflow && st.recheck > 0 {
 		r.full.mark(h, s.hash, cur.end, nowNs, d.Count, st.recheck)
 	}
 	return d
+}
+
+// setResult fills d from window gate i of op: its count and whether it
+// admitted, or that its scope's cap refused the key (Overflow).
+func setResult(d *Decision, op *redisx.Op, i int) {
+	d.Count, d.Allowed = op.Result(i)
+	if d.Count == redisx.Overflow {
+		d.Count, d.Overflow = 0, true
+	}
 }
 
 func (r *Redis) fallback(st *redisState, s *Scope, key []byte, limit, n int64, now time.Time, d Decision) Decision {
@@ -228,7 +237,7 @@ func (r *Redis) TakeAll(ws []Want, now time.Time, out []Decision) bool {
 		w := ws[i]
 		k := windowKeys(st.prefix, w.Scope, out[i].start)
 		ck := k.counterKey(w.Key)
-		op.AddWindow(ck, k.index, ck[len(k.base):], w.Limit, w.N, time.Duration(out[i].end-nowNs))
+		op.AddWindow(ck, k.index, ck[len(k.base):], w.Limit, w.N, int64(w.Scope.MaxKeys), time.Duration(out[i].end-nowNs))
 	}
 	if anyFull {
 		op.CheckOnly() // refused already; read the others' counts for the answer
@@ -237,8 +246,8 @@ func (r *Redis) TakeAll(ws []Want, now time.Time, out []Decision) bool {
 		return r.fallbackAll(st, ws, now, out)
 	}
 	for j, i := range asked {
-		out[i].Count, out[i].Allowed = op.Result(j)
-		if !out[i].Allowed && st.recheck > 0 {
+		setResult(&out[i], op, j)
+		if !out[i].Allowed && !out[i].Overflow && st.recheck > 0 {
 			w := ws[i]
 			r.full.mark(keyHash(w.Scope, w.Key), w.Scope.hash, out[i].end, nowNs, out[i].Count, st.recheck)
 		}
@@ -352,31 +361,50 @@ func (r *Redis) ResetScope(s *Scope) {
 	})
 }
 
+// usageChunk is how many keys of a window Usage reads per round trip.
+const usageChunk = 500
+
 // Usage implements Counter: the keys of the scope's current window, from
-// the window's index set.
-func (r *Redis) Usage(s *Scope) []Usage {
-	st := r.state.Load()
-	if st.cli == nil {
-		return r.local.Usage(s)
-	}
-	now := r.clk.Now()
-	cur := r.spans.current(s.Window, now)
-	k := windowKeys(st.prefix, s, cur.start)
-	start, end := time.Unix(0, cur.start).In(now.Location()), time.Unix(0, cur.end).In(now.Location())
-	var out []Usage
-	err := st.cli.Call("usage", func(ctx context.Context, rdb *redis.Client) error {
-		members, err := rdb.SMembers(ctx, k.index).Result()
-		if err != nil {
-			return err
+// the window's index set, read a chunk at a time (SSCAN, then MGET of
+// their counters), so a listing holds one chunk however many keys the
+// window has. As SSCAN, it may yield a key twice when the set is resized
+// during the listing. When Redis fails before the first key, the local
+// windows (fail_open's) are listed instead.
+func (r *Redis) Usage(s *Scope) iter.Seq[Usage] {
+	return func(yield func(Usage) bool) {
+		st := r.state.Load()
+		if st.cli == nil {
+			r.local.Usage(s)(yield)
+			return
 		}
-		for chunk := range slices.Chunk(members, 500) {
-			keys := make([]string, len(chunk))
-			for i, m := range chunk {
-				keys[i] = k.base + m
-			}
-			vals, err := rdb.MGet(ctx, keys...).Result()
-			if err != nil {
+		now := r.clk.Now()
+		cur := r.spans.current(s.Window, now)
+		k := windowKeys(st.prefix, s, cur.start)
+		start, end := time.Unix(0, cur.start).In(now.Location()), time.Unix(0, cur.end).In(now.Location())
+		yielded, stopped := false, false
+		var cursor uint64
+		keys := make([]string, 0, usageChunk)
+		for !stopped {
+			var members []string
+			var vals []any
+			err := st.cli.Call("usage", func(ctx context.Context, rdb *redis.Client) error {
+				var err error
+				members, cursor, err = rdb.SScan(ctx, k.index, cursor, "", usageChunk).Result()
+				if err != nil || len(members) == 0 {
+					return err
+				}
+				keys = keys[:0]
+				for _, m := range members {
+					keys = append(keys, k.base+m)
+				}
+				vals, err = rdb.MGet(ctx, keys...).Result()
 				return err
+			})
+			if err != nil {
+				if !yielded && !st.failClosed {
+					r.local.Usage(s)(yield)
+				}
+				return
 			}
 			for i, v := range vals {
 				sv, ok := v.(string)
@@ -385,20 +413,19 @@ func (r *Redis) Usage(s *Scope) []Usage {
 				}
 				c, err := strconv.ParseInt(sv, 10, 64)
 				if err != nil {
-					return fmt.Errorf("window %s holds %q, not a count", keys[i], sv)
+					continue // not a count: nothing warden wrote
 				}
-				out = append(out, Usage{Scope: s.Name, Window: s.Window, Key: chunk[i], Count: c, Start: start, End: end})
+				yielded = true
+				if !yield(Usage{Scope: s.Name, Window: s.Window, Key: members[i], Count: c, Start: start, End: end}) {
+					stopped = true
+					break
+				}
+			}
+			if cursor == 0 {
+				return
 			}
 		}
-		return nil
-	})
-	if err != nil {
-		if st.failClosed {
-			return nil
-		}
-		return r.local.Usage(s)
 	}
-	return out
 }
 
 // Sweep drops expired local windows and over-limit cache entries; Redis

@@ -159,7 +159,7 @@ func (r *Redis) TakeLeasedWith(extra []LeaseWant, s *Scope, key []byte, rate, n 
 	if rate > 0 {
 		k := windowKeys(st.prefix, s, cur.start)
 		ck := k.counterKey(key)
-		op.AddWindow(ck, k.index, ck[len(k.base):], rate, n, time.Duration(cur.end-nowNs))
+		op.AddWindow(ck, k.index, ck[len(k.base):], rate, n, int64(s.MaxKeys), time.Duration(cur.end-nowNs))
 	}
 	if err := st.cli.Admit(op); err != nil {
 		if holder != "" && !errors.Is(err, redisx.ErrUnavailable) && !errors.Is(err, redisx.ErrClosed) {
@@ -192,8 +192,8 @@ func (r *Redis) TakeLeasedWith(extra []LeaseWant, s *Scope, key []byte, rate, n 
 		i++
 	}
 	if rate > 0 {
-		out.Window.Count, out.Window.Allowed = op.Result(i)
-		if !out.Window.Allowed && st.recheck > 0 {
+		setResult(&out.Window, op, i)
+		if !out.Window.Allowed && !out.Window.Overflow && st.recheck > 0 {
 			r.full.mark(h, s.hash, cur.end, nowNs, out.Window.Count, st.recheck)
 		}
 	}

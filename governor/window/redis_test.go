@@ -2,6 +2,7 @@ package window
 
 import (
 	"context"
+	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -171,7 +172,7 @@ func TestCounterConformance(t *testing.T) {
 			c.Take(NewScope("other", 60), []byte("t0"), 10, 1, clk.Now())
 			got := map[string]int64{}
 			_, end := Bounds(clk.Now(), s.Window)
-			for _, u := range c.Usage(s) {
+			for u := range c.Usage(s) {
 				if u.Scope != s.Name || !u.End.Equal(end) {
 					t.Fatalf("usage %+v", u)
 				}
@@ -181,7 +182,7 @@ func TestCounterConformance(t *testing.T) {
 				t.Fatalf("usage %v", got)
 			}
 			clk.Advance(time.Minute)
-			if u := c.Usage(s); len(u) != 0 {
+			if u := slices.Collect(c.Usage(s)); len(u) != 0 {
 				t.Fatalf("usage after the window ended: %+v", u)
 			}
 		}},
@@ -199,6 +200,55 @@ func TestCounterConformance(t *testing.T) {
 			}
 			if d := c.Peek(s, []byte("a"), 2); d.Count != 1 {
 				t.Fatalf("a counted %d after a refused take all, want 1", d.Count)
+			}
+		}},
+		{"a capped scope refuses a new key once its window holds the cap", func(t *testing.T, clk *clock.Fake, c Counter, s *Scope) {
+			s.MaxKeys = 3
+			for i := range 3 {
+				if d := c.Take(s, []byte("t"+strconv.Itoa(i)), 2, 1, clk.Now()); !d.Allowed || d.Overflow {
+					t.Fatalf("key %d of 3: %+v", i, d)
+				}
+			}
+			for i := 3; i < 10; i++ {
+				d := c.Take(s, []byte("t"+strconv.Itoa(i)), 2, 1, clk.Now())
+				if d.Allowed || !d.Overflow || d.Count != 0 || d.Remaining() != 0 {
+					t.Fatalf("key %d past the cap of 3: %+v", i, d)
+				}
+			}
+			if d := c.Take(s, []byte("t0"), 2, 1, clk.Now()); !d.Allowed || d.Count != 2 {
+				t.Fatalf("a key the window holds: %+v", d)
+			}
+			if d := c.Take(s, []byte("t0"), 2, 1, clk.Now()); d.Allowed || d.Overflow {
+				t.Fatalf("a held key over its limit is refused for its limit, not the cap: %+v", d)
+			}
+			if n := len(slices.Collect(c.Usage(s))); n != 3 {
+				t.Fatalf("%d keys listed, want the cap's 3", n)
+			}
+			clk.Advance(time.Minute)
+			for i := 5; i < 8; i++ {
+				if d := c.Take(s, []byte("t"+strconv.Itoa(i)), 2, 1, clk.Now()); !d.Allowed || d.Overflow {
+					t.Fatalf("next window, key %d: %+v", i, d)
+				}
+			}
+			if d := c.Take(s, []byte("t0"), 2, 1, clk.Now()); !d.Overflow {
+				t.Fatalf("next window, a fourth key (held in the last one): %+v", d)
+			}
+		}},
+		{"take all refuses a new key past the cap and counts nothing", func(t *testing.T, clk *clock.Fake, c Counter, s *Scope) {
+			capped := NewScope("capped", 60)
+			capped.MaxKeys = 1
+			c.Take(capped, []byte("a"), 5, 1, clk.Now())
+			ws := []Want{{Scope: s, Key: []byte("x"), Limit: 5, N: 1}, {Scope: capped, Key: []byte("b"), Limit: 5, N: 1}}
+			out := make([]Decision, 2)
+			if c.TakeAll(ws, clk.Now(), out) || !out[1].Overflow || out[1].Allowed || out[0].Overflow {
+				t.Fatalf("take all with a key past the cap: %+v", out)
+			}
+			if d := c.Peek(s, []byte("x"), 5); d.Count != 0 {
+				t.Fatalf("x counted %d by a refused take all", d.Count)
+			}
+			ws[1].Key = []byte("a")
+			if !c.TakeAll(ws, clk.Now(), out) || out[1].Count != 2 {
+				t.Fatalf("take all with the held key: %+v", out)
 			}
 		}},
 	}
@@ -500,5 +550,38 @@ func TestRedisOutage(t *testing.T) {
 				t.Fatal("decision after recovery did not go to Redis")
 			}
 		})
+	}
+}
+
+// The over-limit cache is keyed by what clients send, so it is bounded:
+// past fullCacheMax live entries a refusal is not remembered (Redis is
+// asked again), and entries out of force make room again.
+func TestFullCacheIsBounded(t *testing.T) {
+	var c fullCache
+	now, end, recheck := int64(10e9), int64(60e9), int64(1e9)
+	for h := range uint64(3 * fullCacheMax) {
+		c.mark(h+1, 7, end, now, 5, recheck)
+	}
+	size := func() int {
+		n := 0
+		for i := range c.shards {
+			n += len(c.shards[i].m)
+		}
+		return n
+	}
+	if n := size(); n > fullCacheMax {
+		t.Fatalf("%d entries, want at most %d", n, fullCacheMax)
+	}
+	if _, full := c.refused(1, end, now, 5, 1); !full {
+		t.Fatal("an entry marked before the cache filled was lost")
+	}
+	// A recheck later every entry is out of force: new ones take their place.
+	later := now + recheck
+	c.mark(uint64(3*fullCacheMax)+1, 7, end, later, 5, recheck)
+	if _, full := c.refused(uint64(3*fullCacheMax)+1, end, later, 5, 1); !full {
+		t.Fatal("a full cache of entries out of force refused a new one")
+	}
+	if n := size(); n > fullCacheMax {
+		t.Fatalf("%d entries after the refill, want at most %d", n, fullCacheMax)
 	}
 }

@@ -12,13 +12,13 @@ import (
 	"log/slog"
 	"net/http"
 	"os"
-	"reflect"
 	"strings"
 	"sync/atomic"
 
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/warden-dev/warden/governor/metrics"
+	"github.com/warden-dev/warden/governor/tenant"
 )
 
 // PolicyStatus is the body of GET /v1/policy.
@@ -37,7 +37,9 @@ type PolicyStatus struct {
 
 // Sources is where the admin API reads state and sends commands. A nil list
 // source serves an empty list: that part of warden is off. Each func is
-// called per request and must be safe for concurrent use.
+// called per request and must be safe for concurrent use. A list source
+// returns a slice bounded by the policy (one row per pool, breaker, bridge,
+// semaphore, queue); Tenants, whose rows come from clients, returns a page.
 type Sources struct {
 	Ready func() error // nil error: ready
 	// Degraded lists what serves in a degraded mode (a fail_open backend
@@ -53,7 +55,11 @@ type Sources struct {
 	ResetPool  func(id string) bool // false: no such pool
 	ResetPools func()
 	Breakers   func() any
-	Tenants    func() any
+	// Tenants lists a page of at most limit tenant windows after the
+	// cursor (nil: from the top), and the next page's cursor (nil: none),
+	// as tenant.List; Tenant looks one tenant up, as tenant.Find.
+	Tenants    func(limit int, after *tenant.Cursor) ([]tenant.Usage, *tenant.Cursor)
+	Tenant     func(name string) []tenant.Usage
 	Bridges    func() any
 	Semaphores func() any
 	Queues     func() any
@@ -118,7 +124,7 @@ func New(cfg Config) *API {
 		writeJSON(w, http.StatusOK, map[string]string{"status": "reset", "id": id})
 	}))
 	mux.HandleFunc("GET /v1/breakers", list(cfg.Sources.Breakers))
-	mux.HandleFunc("GET /v1/tenants", list(cfg.Sources.Tenants))
+	mux.HandleFunc("GET /v1/tenants", s.tenants)
 	mux.HandleFunc("GET /v1/bridges", list(cfg.Sources.Bridges))
 	mux.HandleFunc("GET /v1/semaphores", list(cfg.Sources.Semaphores))
 	mux.HandleFunc("GET /v1/queues", list(cfg.Sources.Queues))
@@ -242,18 +248,15 @@ func constantTimeEqual(a, b string) bool {
 	return subtle.ConstantTimeCompare([]byte(a), []byte(b)) == 1
 }
 
+// list serves a list source, written element by element (writeList); a
+// nil source or slice is [].
 func list(src func() any) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
-		if src == nil {
-			writeJSON(w, http.StatusOK, []any{})
-			return
+		var v any
+		if src != nil {
+			v = src()
 		}
-		v := src()
-		// A nil slice would encode as null; lists are always arrays.
-		if rv := reflect.ValueOf(v); !rv.IsValid() || (rv.Kind() == reflect.Slice && rv.IsNil()) {
-			v = []any{}
-		}
-		writeJSON(w, http.StatusOK, v)
+		writeList(w, http.StatusOK, v)
 	}
 }
 

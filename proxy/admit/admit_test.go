@@ -22,7 +22,7 @@ func TestOrderAndGiveBack(t *testing.T) {
 		{Name: "rated", Rate: 5, Window: 60},
 		{Name: "full", Concurrency: 1},
 	}, counter, clk, nil)
-	caps := tenant.New("egress", &policy.TenantCap{Header: "x-tenant-id", Rate: 100, Window: 60}, nil, counter)
+	caps := tenant.New("egress", &policy.TenantCap{Header: "x-tenant-id", Rate: 100, Window: 60}, nil, counter, nil)
 	b := breaker.New("api", policy.CircuitBreaker{Enabled: true, FailureRatio: 0.5, MinimumRequests: 1, Window: time.Minute, Open: 5 * time.Second, MaxOpen: time.Minute}, clk)
 	tg := &Target{Name: "api", Breaker: b, Pools: []*pool.Pool{pools.Get("rated"), pools.Get("full")}}
 
@@ -51,7 +51,7 @@ func TestOrderAndGiveBack(t *testing.T) {
 		t.Fatalf("a request the breaker refused took a rate slot: count %d", s.Count)
 	}
 	// The tenant cap comes first of all.
-	small := tenant.New("egress", &policy.TenantCap{Header: "x-tenant-id", Rate: 1, Window: 60}, nil, counter)
+	small := tenant.New("egress", &policy.TenantCap{Header: "x-tenant-id", Rate: 1, Window: 60}, nil, counter, nil)
 	small.Check([]byte("acme"), t0)
 	ref, ok = Admit(context.Background(), &third, tg, small, []byte("acme"), "egress", t0)
 	if ok || ref.Control != tenant.Control || ref.Scope != "egress" || ref.Tenant.Quota() != "tenant:acme" {
@@ -132,7 +132,7 @@ func TestAsk(t *testing.T) {
 	clk := clock.NewFake(t0)
 	counter := window.NewMemory(clk)
 	pools := pool.NewSet([]policy.Pool{{Name: "full", Concurrency: 1}}, counter, clk, nil)
-	caps := tenant.New("egress", &policy.TenantCap{Header: "x-tenant-id", Rate: 1, Window: 60}, nil, counter)
+	caps := tenant.New("egress", &policy.TenantCap{Header: "x-tenant-id", Rate: 1, Window: 60}, nil, counter, nil)
 	b := breaker.New("api", policy.CircuitBreaker{Enabled: true, FailureRatio: 0.5, MinimumRequests: 1, Window: time.Minute, Open: 5 * time.Second, MaxOpen: time.Minute}, clk)
 	tg := &Target{Name: "api", Breaker: b, Pools: []*pool.Pool{pools.Get("full")}}
 

@@ -145,6 +145,27 @@ func TestEgressTenantCap(t *testing.T) {
 	}
 }
 
+// Tenants beyond max_keys are counted in the overflow window on the egress
+// too.
+func TestEgressTenantOverflow(t *testing.T) {
+	up := fasttest.StartUpstream(t, func(ctx *fasthttp.RequestCtx) {})
+	f := start(t, egressPolicy("  allow_unlisted: true\n  tenant: { header: x-tenant-id, rate: 1, window: 60, max_keys: 1 }", ""), nil)
+	for _, tenant := range []string{"a", "b"} {
+		if r := f.do(t, "GET", "http://"+up.Addr+"/", map[string]string{"X-Tenant-Id": tenant}); r.status != 200 {
+			t.Fatalf("tenant %s: %+v", tenant, r)
+		}
+	}
+	r := f.do(t, "GET", "http://"+up.Addr+"/", map[string]string{"X-Tenant-Id": "c"})
+	if r.status != 429 || r.header.Get("X-Warden-Control") != "tenant_rate" || r.header.Get("Retry-After") != "40" ||
+		r.header.Get("Ratelimit-Limit") != "1" ||
+		r.body != `{"control":"tenant_rate","quota":"tenant_overflow","limit":1,"current":2,"retryAfterSeconds":40}` {
+		t.Fatalf("%+v", r)
+	}
+	if n := fasttest.Value(f.gov.Metrics.TenantOverflow.WithLabelValues("egress")); n != 2 {
+		t.Fatalf("warden_tenant_overflow_total{egress} = %v, want 2", n)
+	}
+}
+
 // TestTimeoutBoundsPoolWait: a request waiting in a pool's queue gets its
 // target's 504 when the timeout passes, without reaching the upstream; the
 // wait is warden's own, so the target's breaker hears nothing of it.

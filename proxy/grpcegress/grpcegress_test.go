@@ -494,6 +494,32 @@ func TestPoolAndTenantFastFail(t *testing.T) {
 	}
 }
 
+// The gRPC egress shares the egress's tenant caps, overflow window
+// included.
+func TestTenantOverflow(t *testing.T) {
+	_, addr := startEcho(t)
+	f := start(t, grpcPolicy("  allow_unlisted: false\n  tenant: { header: x-tenant-id, rate: 1, window: 60, max_keys: 1 }",
+		echoTarget(addr, "")))
+	call := func(tenant string, opts ...grpc.CallOption) error {
+		_, err := f.call(metadata.AppendToOutgoingContext(context.Background(), "x-tenant-id", tenant), "x", opts...)
+		return err
+	}
+	for _, tenant := range []string{"a", "b"} {
+		if err := call(tenant); err != nil {
+			t.Fatalf("tenant %s: %v", tenant, err)
+		}
+	}
+	var trailer metadata.MD
+	err := call("c", grpc.Trailer(&trailer))
+	if status.Code(err) != codes.ResourceExhausted || strings.Join(trailer.Get("x-warden-control"), ",") != "tenant_rate" ||
+		!strings.Contains(status.Convert(err).Message(), "tenant_overflow") {
+		t.Fatalf("tenant c past the overflow window: %v %v", err, trailer)
+	}
+	if n := fasttest.Value(f.gov.Metrics.TenantOverflow.WithLabelValues("egress")); n != 2 {
+		t.Fatalf("warden_tenant_overflow_total{egress} = %v, want 2", n)
+	}
+}
+
 func TestTimeoutAndUpstreamDown(t *testing.T) {
 	e, addr := startEcho(t)
 	f := start(t, grpcPolicy("  allow_unlisted: false", echoTarget(addr, "timeout: 100ms")))

@@ -295,6 +295,37 @@ func TestTenantCap(t *testing.T) {
 	}
 }
 
+// Tenants first seen beyond max_keys share the overflow window: its 429
+// names quota tenant_overflow with a tenant 429's headers, and each
+// request it counts is counted in warden_tenant_overflow_total.
+func TestTenantOverflow(t *testing.T) {
+	f := start(t, `  tenant: { header: x-tenant-id, rate: 1, window: 1, max_keys: 2 }`, func(ctx *fasthttp.RequestCtx) {})
+	for _, tenant := range []string{"a", "b", "c"} {
+		if resp, body := f.get(t, "/", map[string]string{"X-Tenant-Id": tenant}); resp.StatusCode != 200 {
+			t.Fatalf("tenant %s: %d %s", tenant, resp.StatusCode, body)
+		}
+	}
+	resp, body := f.get(t, "/", map[string]string{"X-Tenant-Id": "d"})
+	if resp.StatusCode != 429 {
+		t.Fatalf("tenant d after the overflow window's one request: %d %s", resp.StatusCode, body)
+	}
+	for k, v := range map[string]string{"Retry-After": "1", "Ratelimit-Limit": "1", "Ratelimit-Remaining": "0",
+		"Ratelimit-Reset": "1", "X-Warden-Control": "tenant_rate"} {
+		if got := resp.Header.Get(k); got != v {
+			t.Errorf("%s = %q, want %q", k, got, v)
+		}
+	}
+	if want := `{"control":"tenant_rate","quota":"tenant_overflow","limit":1,"current":2,"retryAfterSeconds":1}`; body != want {
+		t.Errorf("body %s\nwant %s", body, want)
+	}
+	if resp, _ := f.get(t, "/", map[string]string{"X-Tenant-Id": "a"}); resp.StatusCode != 429 || resp.Header.Get("Ratelimit-Limit") != "1" {
+		t.Errorf("tenant a, held in the window, past its own rate: %d", resp.StatusCode)
+	}
+	if n := fasttest.Value(f.gov.Metrics.TenantOverflow.WithLabelValues("ingress")); n != 2 {
+		t.Errorf("warden_tenant_overflow_total{ingress} = %v, want 2 (c and d)", n)
+	}
+}
+
 // A fail_closed shared backend that is down refuses with control upstream
 // (SPEC §9), in the header, the body and the metric label alike.
 func TestBackendDownRefusesWithUpstream(t *testing.T) {

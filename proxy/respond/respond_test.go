@@ -17,7 +17,7 @@ import (
 // down counted nothing and carries none.
 func TestTenant(t *testing.T) {
 	now := time.Date(2026, 3, 2, 10, 0, 20, 0, time.UTC)
-	caps := tenant.New("ingress", &policy.TenantCap{Header: "x-tenant-id", Rate: 2, Window: 60}, nil, window.NewMemory(clock.NewFake(now)))
+	caps := tenant.New("ingress", &policy.TenantCap{Header: "x-tenant-id", Rate: 2, Window: 60}, nil, window.NewMemory(clock.NewFake(now)), nil)
 	var over tenant.Result
 	for range 3 {
 		over = caps.Check([]byte("acme"), now)

@@ -36,11 +36,14 @@ type keyLimits struct {
 }
 
 // limit is one entry of a domain. Every value of a descriptor key gets its
-// own window in the entry's scope, keyed by the value.
+// own window in the entry's scope, keyed by the value. A key-only entry's
+// values are the client's to choose, so its scope holds at most MaxKeys of
+// them per window; the values beyond share its overflow window.
 type limit struct {
-	rate  int64
-	scope *window.Scope
-	quota string // "rls:domain:key=" prefix of the 429 body's quota field
+	rate     int64
+	scope    *window.Scope
+	quota    string // "rls:domain:key=" prefix of the 429 body's quota field
+	overflow *limit // key-only entries: the window of values beyond MaxKeys
 	// Shared by every response of this limit: gRPC only reads (marshals)
 	// them, so one immutable message per limit saves an allocation a call.
 	current     *rlspb.RateLimitResponse_RateLimit // name "key" or "key=value"
@@ -53,6 +56,7 @@ type domainMetrics struct {
 	ok, over       prometheus.Counter
 	duration       prometheus.Observer
 	limited, upstr prometheus.Counter
+	overflow       prometheus.Counter // warden_tenant_overflow_total{listener="rls"}
 }
 
 func newDomainMetrics(m *metrics.Metrics, target string) *domainMetrics {
@@ -66,27 +70,34 @@ func newDomainMetrics(m *metrics.Metrics, target string) *domainMetrics {
 		duration: m.RequestDuration.WithLabelValues(listenerLabel, target),
 		limited:  m.Rejections.WithLabelValues(ControlLimited, scope),
 		upstr:    m.Rejections.WithLabelValues(ControlUpstream, scope),
+		overflow: m.TenantOverflow.WithLabelValues(listenerLabel),
 	}
 }
+
+// MaxKeys is how many values of one key-only entry a window counts apart
+// (a fixed cap, not a policy key: the tenant caps' max_keys default).
+const MaxKeys = 100_000
 
 // unknownTarget labels requests for domains the policy does not name: the
 // domain comes from the caller, and a label per arbitrary value would let
 // callers grow the metric set without bound.
 const unknownTarget = "unknown"
 
-func compile(p *policy.RLS, m *metrics.Metrics) *config {
+// compile builds the lookups of p, with maxKeys values counted apart per
+// key-only entry and window (MaxKeys in production).
+func compile(p *policy.RLS, m *metrics.Metrics, maxKeys int) *config {
 	c := &config{domains: make(map[string]*domain, len(p.Domains)), unknown: newDomainMetrics(m, unknownTarget)}
-	scopes := map[[2]string]map[policy.Window]*window.Scope{}
-	scope := func(dom, key string, w policy.Window) *window.Scope {
-		k := [2]string{dom, key}
-		if scopes[k] == nil {
-			scopes[k] = map[policy.Window]*window.Scope{}
+	scopes := map[string]map[policy.Window]*window.Scope{}
+	scope := func(name string, w policy.Window, maxKeys int) *window.Scope {
+		if scopes[name] == nil {
+			scopes[name] = map[policy.Window]*window.Scope{}
 		}
-		if s := scopes[k][w]; s != nil {
+		if s := scopes[name][w]; s != nil {
 			return s
 		}
-		s := window.NewScope(scopeName(dom, key), w)
-		scopes[k][w] = s
+		s := window.NewScope(name, w)
+		s.MaxKeys = maxKeys
+		scopes[name][w] = s
 		return s
 	}
 	for name, entries := range p.Domains {
@@ -99,9 +110,21 @@ func compile(p *policy.RLS, m *metrics.Metrics) *config {
 			}
 			var l *limit
 			if e.Rate > 0 {
-				l = &limit{rate: int64(e.Rate), scope: scope(name, e.Key, e.Window), quota: scopeName(name, e.Key) + "="}
+				sn := scopeName(name, e.Key)
+				l = &limit{rate: int64(e.Rate), quota: sn + "="}
 				l.current = &rlspb.RateLimitResponse_RateLimit{Name: e.Key, RequestsPerUnit: uint32(e.Rate), Unit: unit(e.Window)}
 				l.limitHeader = &corev3.HeaderValue{Key: HeaderLimit, Value: strconv.Itoa(e.Rate)}
+				if e.Value != "" {
+					// The policy names these values: counted apart
+					// from the clients' (no "=" ends a key-only
+					// entry's scope name: it is escaped there).
+					l.scope = scope(sn+"=", e.Window, 0)
+				} else {
+					l.scope = scope(sn, e.Window, maxKeys)
+					o := overflowName(name, e.Key)
+					l.overflow = &limit{rate: l.rate, scope: scope(o, e.Window, 0), quota: o,
+						current: l.current, limitHeader: l.limitHeader}
+				}
 			}
 			if e.Value != "" {
 				if l != nil {
@@ -123,6 +146,12 @@ func compile(p *policy.RLS, m *metrics.Metrics) *config {
 // count, nor key "k=v" value "w" and key "k" value "v=w" a quota name.
 func scopeName(domain, key string) string {
 	return "rls:" + nameEscaper.Replace(domain) + ":" + nameEscaper.Replace(key)
+}
+
+// overflowName names the overflow window of a domain's key-only entry, in
+// its scope and as the quota of its 429s: "rls_overflow:edge:tenant".
+func overflowName(domain, key string) string {
+	return "rls_overflow:" + nameEscaper.Replace(domain) + ":" + nameEscaper.Replace(key)
 }
 
 var nameEscaper = strings.NewReplacer("%", "%25", ":", "%3A", "=", "%3D")

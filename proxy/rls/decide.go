@@ -41,6 +41,10 @@ type call struct {
 	dec   []window.Decision
 	lims  []*limit
 	refs  []ref // which windows each descriptor matched
+	// The windows of the previous try, while redirect rebuilds them.
+	prevWants []window.Want
+	prevLims  []*limit
+	prevRefs  []ref
 }
 
 type ref struct{ desc, want int }
@@ -50,22 +54,57 @@ var calls = sync.Pool{New: func() any { return new(call) }}
 func (c *call) reset() {
 	clear(c.wants)
 	clear(c.lims)
+	clear(c.prevWants)
+	clear(c.prevLims)
 	c.wants, c.dec, c.lims, c.refs = c.wants[:0], c.dec[:0], c.lims[:0], c.refs[:0]
+	c.prevWants, c.prevLims, c.prevRefs = c.prevWants[:0], c.prevLims[:0], c.prevRefs[:0]
 }
 
 // window returns the index of l's window for value, adding it with n hits;
 // a window matched twice in one request is counted once, with the larger n.
-func (c *call) window(l *limit, value string, n int64) int {
+func (c *call) window(l *limit, value []byte, n int64) int {
 	for j, w := range c.wants {
-		if w.Scope == l.scope && string(w.Key) == value {
+		if w.Scope == l.scope && string(w.Key) == string(value) {
 			c.wants[j].N = max(w.N, n)
 			return j
 		}
 	}
-	c.wants = append(c.wants, window.Want{Scope: l.scope, Key: []byte(value), Limit: l.rate, N: n})
+	c.wants = append(c.wants, window.Want{Scope: l.scope, Key: value, Limit: l.rate, N: n})
 	c.lims = append(c.lims, l)
 	return len(c.wants) - 1
 }
+
+// overflowed reports whether a window of the last try was refused because
+// its key-only entry's window already holds MaxKeys values.
+func (c *call) overflowed() bool {
+	for j := range c.wants {
+		if c.dec[j].Overflow && c.lims[j].overflow != nil {
+			return true
+		}
+	}
+	return false
+}
+
+// redirect rebuilds the request's windows with each value its entry's cap
+// refused counted in the entry's overflow window instead (values that
+// overflow together share it, with the larger n).
+func (c *call) redirect() {
+	c.prevWants, c.wants = c.wants, c.prevWants[:0]
+	c.prevLims, c.lims = c.lims, c.prevLims[:0]
+	c.prevRefs, c.refs = c.refs, c.prevRefs[:0]
+	for _, r := range c.prevRefs {
+		w, l := c.prevWants[r.want], c.prevLims[r.want]
+		if c.dec[r.want].Overflow && l.overflow != nil {
+			l, w.Key = l.overflow, nil
+		}
+		c.refs = append(c.refs, ref{desc: r.desc, want: c.window(l, w.Key, w.N)})
+	}
+}
+
+// maxRedirects bounds the tries of one request: a value that had room when
+// checked may find the window full on the next try (another request took
+// the last place), and is redirected then.
+const maxRedirects = 2
 
 // decide answers one request at now against cfg's domains and counter.
 //
@@ -81,6 +120,9 @@ func (c *call) window(l *limit, value string, n int64) int {
 // limit no window is counted — the request is refused, and a refused
 // request consumes no one's quota (envoyproxy/ratelimit counts each
 // descriptor independently, and counts refused hits too).
+// A value its key-only entry's window has no room for (MaxKeys values
+// already; window.Decision.Overflow) is counted in the entry's overflow
+// window instead: the request is taken again with it redirected there.
 // The outcome names the control that refused ("" when OK) and the metrics
 // of the domain (of unknown domains for one that is not configured).
 func decide(cfg *config, counter window.Counter, req *rlspb.RateLimitRequest, now time.Time) (outcome, error) {
@@ -122,13 +164,18 @@ func decide(cfg *config, counter window.Counter, req *rlspb.RateLimitRequest, no
 				counter.Refund(l.scope, []byte(e.GetValue()), now, n)
 				continue
 			}
-			c.refs = append(c.refs, ref{desc: i, want: c.window(l, e.GetValue(), n)})
+			c.refs = append(c.refs, ref{desc: i, want: c.window(l, []byte(e.GetValue()), n)})
 		}
 	}
-	all := true
-	if len(c.wants) > 0 {
+	all, redirected := true, false
+	for try := 0; len(c.wants) > 0; try++ {
 		c.dec = slices.Grow(c.dec[:0], len(c.wants))[:len(c.wants)]
 		all = counter.TakeAll(c.wants, now, c.dec)
+		if all || try == maxRedirects || !c.overflowed() {
+			break
+		}
+		c.redirect()
+		redirected = true
 	}
 	for i := range resp.Statuses {
 		resp.Statuses[i] = c.status(i, now)
@@ -137,19 +184,20 @@ func decide(cfg *config, counter window.Counter, req *rlspb.RateLimitRequest, no
 		if j := c.headline(); j >= 0 {
 			resp.ResponseHeadersToAdd = c.headers(j, now, false)
 		}
-		return outcome{resp: resp, m: dom.m}, nil
+		return outcome{resp: resp, m: dom.m, overflowed: redirected}, nil
 	}
 	resp.OverallCode = rlspb.RateLimitResponse_OVER_LIMIT
 	j := c.headline()
 	resp.ResponseHeadersToAdd = c.headers(j, now, true)
 	resp.RawBody = c.body(j, now)
-	return outcome{resp: resp, m: dom.m, control: c.control(j)}, nil
+	return outcome{resp: resp, m: dom.m, control: c.control(j), overflowed: redirected}, nil
 }
 
 type outcome struct {
-	resp    *rlspb.RateLimitResponse
-	m       *domainMetrics
-	control string // what refused; "" when OK
+	resp       *rlspb.RateLimitResponse
+	m          *domainMetrics
+	control    string // what refused; "" when OK
+	overflowed bool   // a value was counted in its entry's overflow window
 }
 
 // refused reports whether window j refused (over its limit, or unavailable).

@@ -1,6 +1,7 @@
 package rls
 
 import (
+	"strings"
 	"testing"
 	"time"
 
@@ -38,7 +39,7 @@ func FuzzShouldRateLimit(f *testing.F) {
 	if err != nil {
 		f.Fatal(err)
 	}
-	cfg := compile(p.RLS, nil)
+	cfg := compile(p.RLS, nil, 5) // a low cap, so that fuzzing reaches the overflow windows
 	f.Fuzz(func(t *testing.T, data []byte) {
 		var req rlspb.RateLimitRequest
 		if proto.Unmarshal(data, &req) != nil {
@@ -74,7 +75,7 @@ func FuzzShouldRateLimit(f *testing.F) {
 				if l == nil {
 					continue
 				}
-				for _, u := range counter.Usage(l.scope) {
+				for u := range counter.Usage(l.scope) {
 					if lim := cfg.domains["edge"].match(keyOf(l), u.Key); lim != nil && u.Count > lim.rate {
 						t.Fatalf("window %s/%s counted %d past its limit %d", l.scope.Name, u.Key, u.Count, lim.rate)
 					}
@@ -92,5 +93,6 @@ func valuesOf(k *keyLimits) []*limit {
 	return out
 }
 
-// keyOf is the descriptor key of a limit, from its scope name rls:edge:KEY.
-func keyOf(l *limit) string { return l.scope.Name[len("rls:edge:"):] }
+// keyOf is the descriptor key of a limit, from its scope name rls:edge:KEY
+// (rls:edge:KEY= for a value's entry).
+func keyOf(l *limit) string { return strings.TrimSuffix(l.scope.Name[len("rls:edge:"):], "=") }

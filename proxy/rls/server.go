@@ -39,6 +39,7 @@ type Server struct {
 	m       *metrics.Metrics
 	log     *slog.Logger
 	cfg     atomic.Pointer[config] // nil: no rls section
+	maxKeys int                    // MaxKeys; lowered by tests
 
 	mu   sync.Mutex // guards the listener below
 	addr string     // configured rls.listen of the running listener
@@ -53,7 +54,7 @@ func New(counter window.Counter, clk clock.Clock, m *metrics.Metrics, log *slog.
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	return &Server{counter: counter, clk: clk, m: m, log: log.With("component", "rls")}
+	return &Server{counter: counter, clk: clk, m: m, log: log.With("component", "rls"), maxKeys: MaxKeys}
 }
 
 // Name implements app.Component.
@@ -69,7 +70,7 @@ func (s *Server) Apply(ctx context.Context, c *governor.Controls) error {
 		s.cfg.Store(nil)
 		return s.stop(ctx)
 	}
-	s.cfg.Store(compile(p, s.m))
+	s.cfg.Store(compile(p, s.m, s.maxKeys))
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.srv != nil && s.addr == p.Listen {
@@ -220,6 +221,9 @@ func (s *Server) ShouldRateLimit(ctx context.Context, req *rlspb.RateLimitReques
 		default:
 			m.over.Inc()
 			m.limited.Inc()
+		}
+		if out.overflowed {
+			m.overflow.Inc()
 		}
 		m.duration.Observe(time.Since(start).Seconds())
 	}

@@ -406,6 +406,56 @@ func TestRequestErrorsAndUnknownDomain(t *testing.T) {
 	}
 }
 
+// Values of a key-only entry beyond its cap share the entry's overflow
+// window at the entry's rate: the window keeps the first values apart,
+// values the policy names are never refused for the cap, two overflowing
+// values in one request are one window, and the 429 body names the
+// overflow window.
+func TestValuesBeyondTheCapOverflow(t *testing.T) {
+	bothCounters(t, func(t *testing.T, kind counterKind) {
+		r := newRig(t, kind, domains)
+		r.srv.maxKeys = 2
+		if err := r.apply(domains); err != nil {
+			t.Fatal(err)
+		}
+		for _, v := range []string{"a", "b"} {
+			if resp := r.call(0, desc("tenant", v)); resp.OverallCode != rlspb.RateLimitResponse_OK || resp.Statuses[0].LimitRemaining != 2 {
+				t.Fatalf("value %s: %v", v, resp)
+			}
+		}
+		// c and d overflow together: one hit of the overflow window (rate 3).
+		resp := r.call(0, desc("tenant", "c"), desc("tenant", "d"))
+		if resp.OverallCode != rlspb.RateLimitResponse_OK || resp.Statuses[0].LimitRemaining != 2 || resp.Statuses[1].LimitRemaining != 2 {
+			t.Fatalf("c and d: %v", resp)
+		}
+		for _, v := range []string{"e", "f"} {
+			if resp := r.call(0, desc("tenant", v)); resp.OverallCode != rlspb.RateLimitResponse_OK {
+				t.Fatalf("value %s: %v", v, resp)
+			}
+		}
+		resp = r.call(0, desc("tenant", "g"))
+		if resp.OverallCode != rlspb.RateLimitResponse_OVER_LIMIT || header(resp, HeaderControl) != ControlLimited ||
+			string(resp.RawBody) != `{"control":"tenant_rate","quota":"rls_overflow:edge:tenant","limit":3,"retryAfterSeconds":50}` {
+			t.Fatalf("value g past the overflow window: %v", resp)
+		}
+		// The values held keep their windows; acme is the policy's.
+		if resp := r.call(0, desc("tenant", "a")); resp.OverallCode != rlspb.RateLimitResponse_OK || resp.Statuses[0].LimitRemaining != 1 {
+			t.Fatalf("value a: %v", resp)
+		}
+		if resp := r.call(0, desc("tenant", "acme")); resp.OverallCode != rlspb.RateLimitResponse_OK || resp.Statuses[0].LimitRemaining != 4 {
+			t.Fatalf("acme: %v", resp)
+		}
+		if got := counterValue(t, r.m.TenantOverflow.WithLabelValues("rls")); got != 4 {
+			t.Fatalf("warden_tenant_overflow_total{rls} = %v, want 4 (c+d, e, f, g)", got)
+		}
+		// The next window starts the count of values again.
+		r.clk.Advance(time.Minute)
+		if resp := r.call(0, desc("tenant", "g")); resp.OverallCode != rlspb.RateLimitResponse_OK || resp.Statuses[0].LimitRemaining != 2 {
+			t.Fatalf("value g in the next window: %v", resp)
+		}
+	})
+}
+
 func TestMetrics(t *testing.T) {
 	r := newRig(t, memoryCounter, domains)
 	for range 5 {

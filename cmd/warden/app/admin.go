@@ -5,6 +5,7 @@ import (
 	"net/http"
 	"time"
 
+	"github.com/warden-dev/warden/governor/tenant"
 	"github.com/warden-dev/warden/policy"
 	"github.com/warden-dev/warden/proxy/admin"
 	"github.com/warden-dev/warden/proxy/listener"
@@ -73,7 +74,10 @@ func (a *App) adminSources() admin.Sources {
 		},
 		ResetPools: func() { a.gov.Current().Pools.ResetAll() },
 		Breakers:   func() any { return a.gov.Current().BreakerSnapshots() },
-		Tenants:    func() any { return a.gov.Current().TenantUsage(a.clk.Now()) },
+		Tenants: func(limit int, after *tenant.Cursor) ([]tenant.Usage, *tenant.Cursor) {
+			return a.gov.Current().Tenants(limit, after, a.clk.Now())
+		},
+		Tenant: func(name string) []tenant.Usage { return a.gov.Current().Tenant(name, a.clk.Now()) },
 		Bridges: a.componentList(func(c Component) (func() any, bool) {
 			b, ok := c.(interface{ Bridges() any })
 			if !ok {

@@ -173,7 +173,7 @@ func encode(batch []*Op, args []any) []any {
 				args = append(args, "r", &g.Member)
 				continue
 			}
-			args = append(args, "w", &g.Limit, &g.N, &g.TTLMillis, &g.Member)
+			args = append(args, "w", &g.Limit, &g.N, &g.TTLMillis, &g.Member, &g.MaxKeys)
 		}
 	}
 	return args

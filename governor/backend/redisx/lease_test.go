@@ -31,7 +31,7 @@ func admitLease(t *testing.T, c *Client, set, holder string, limit int64, now ti
 	defer PutOp(op)
 	op.AddLease(set, holder, limit, now, c.LeaseTTL())
 	if window != "" {
-		op.AddWindow(window, window+"#idx", "k", wlimit, 1, time.Minute)
+		op.AddWindow(window, window+"#idx", "k", wlimit, 1, 0, time.Minute)
 	}
 	if err := c.Admit(op); err != nil {
 		t.Fatal(err)

@@ -31,11 +31,14 @@ const gateLib = `
 local gates = {}
 
 -- w: a fixed-window counter whose key carries the window start.
--- KEYS: counter, index of the window's keys. ARGV: limit, n, ttl_ms, member.
+-- KEYS: counter, index of the window's keys. ARGV: limit, n, ttl_ms,
+-- member, max_keys.
 -- The expiry is set once, when this call creates the key, with the time
 -- left in the window (never an EXPIRE per hit: envoyproxy/ratelimit#72,
--- #80, #595). A key created and refused in the same call is deleted.
-gates.w = {keys = 2, args = 4}
+-- #80, #595). A key created and refused in the same call is deleted. With
+-- max_keys > 0, a key whose member would be the index's max_keys+1th is
+-- not created: the gate refuses with value -1 (overflow).
+gates.w = {keys = 2, args = 5}
 function gates.w.apply(k, a)
   local key, n = KEYS[k], ARGV[a + 1]
   local v = redis.call('INCRBY', key, n)
@@ -45,11 +48,17 @@ function gates.w.apply(k, a)
     return false, v - d
   end
   if v == d and redis.call('PTTL', key) == -1 then
-    local idx, ttl = KEYS[k + 1], ARGV[a + 2]
-    redis.call('PEXPIRE', key, ttl)
-    if redis.call('SADD', idx, ARGV[a + 3]) == 1 and redis.call('SCARD', idx) == 1 then
-      redis.call('PEXPIRE', idx, ttl)
+    local idx, ttl, cap = KEYS[k + 1], ARGV[a + 2], tonumber(ARGV[a + 4])
+    if redis.call('SADD', idx, ARGV[a + 3]) == 1 then
+      local c = redis.call('SCARD', idx)
+      if cap > 0 and c > cap then
+        redis.call('SREM', idx, ARGV[a + 3])
+        redis.call('DEL', key)
+        return false, -1
+      end
+      if c == 1 then redis.call('PEXPIRE', idx, ttl) end
     end
+    redis.call('PEXPIRE', key, ttl)
   end
   return true, v
 end

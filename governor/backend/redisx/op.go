@@ -30,6 +30,9 @@ type Gate struct {
 	// window's keys, and the member listed in it (the caller's key).
 	Key, Index, Member string
 	Limit, N           int64
+	// Window gate: a counter this gate would create is refused (value
+	// Overflow) while the index already lists MaxKeys members; 0: no cap.
+	MaxKeys int64
 	// TTLMillis is the expiry given to the counter (and index) when this
 	// gate creates it: the time left in the window. Lease gate: the
 	// expiry (re)set on the whole set, so an abandoned set goes away.
@@ -65,14 +68,19 @@ func PutOp(o *Op) {
 	opPool.Put(o)
 }
 
-// AddWindow adds a window gate.
-func (o *Op) AddWindow(key, index, member string, limit, n int64, ttl time.Duration) {
+// AddWindow adds a window gate; maxKeys > 0 caps the members of index
+// (Gate.MaxKeys).
+func (o *Op) AddWindow(key, index, member string, limit, n, maxKeys int64, ttl time.Duration) {
 	ms := ttl.Milliseconds()
 	if ms < 1 {
 		ms = 1 // PX 0 is an error; the window is about to end anyway
 	}
-	o.gates = append(o.gates, Gate{Kind: GateWindow, Key: key, Index: index, Member: member, Limit: limit, N: n, TTLMillis: ms})
+	o.gates = append(o.gates, Gate{Kind: GateWindow, Key: key, Index: index, Member: member, Limit: limit, N: n, MaxKeys: maxKeys, TTLMillis: ms})
 }
+
+// Overflow is the value of a window gate that refused to create its
+// counter because the index held Gate.MaxKeys members.
+const Overflow = -1
 
 // AddLease adds a lease gate: holder joins the set key, of at most limit
 // unexpired holders, with a lease that expires ttl after now.
@@ -91,7 +99,8 @@ func (o *Op) Len() int { return len(o.gates) }
 
 // Result is gate i's outcome: whether it admits on its own, and its value
 // (a window's count or a lease set's holders, including this admission when
-// every gate admitted and the op was committed).
+// every gate admitted and the op was committed; Overflow for a window gate
+// its cap refused).
 func (o *Op) Result(i int) (value int64, ok bool) {
 	r := o.res[i]
 	return r >> 1, r&1 == 1

@@ -97,7 +97,7 @@ func TestAdmitScript(t *testing.T) {
 			op := GetOp()
 			defer PutOp(op)
 			for _, g := range tc.gates {
-				op.AddWindow(prefix+g.key, prefix+"idx", g.key, g.limit, g.n, 30*time.Second)
+				op.AddWindow(prefix+g.key, prefix+"idx", g.key, g.limit, g.n, 0, 30*time.Second)
 			}
 			if tc.checkOnly {
 				op.CheckOnly()
@@ -146,9 +146,9 @@ func TestBatchIsOneCall(t *testing.T) {
 	var batch []*Op
 	for i := range 5 {
 		op := GetOp()
-		op.AddWindow(prefix+"k", prefix+"idx", "k", 3, 1, time.Minute)
+		op.AddWindow(prefix+"k", prefix+"idx", "k", 3, 1, 0, time.Minute)
 		if i == 2 {
-			op.AddWindow(prefix+"other", prefix+"idx", "other", 10, 4, time.Minute)
+			op.AddWindow(prefix+"other", prefix+"idx", "other", 10, 4, 0, time.Minute)
 		}
 		batch = append(batch, op)
 	}
@@ -185,7 +185,7 @@ func TestHangingServerOpensTheBreaker(t *testing.T) {
 	}
 	for range 100 {
 		op := GetOp()
-		op.AddWindow("k", "idx", "k", 1, 1, time.Minute)
+		op.AddWindow("k", "idx", "k", 1, 1, 0, time.Minute)
 		if err := c.Admit(op); !errors.Is(err, ErrUnavailable) {
 			t.Fatalf("admit while down: %v", err)
 		}
@@ -202,7 +202,7 @@ func TestClosedClientRefuses(t *testing.T) {
 	c.Close()
 	op := GetOp()
 	defer PutOp(op)
-	op.AddWindow("k", "idx", "k", 1, 1, time.Minute)
+	op.AddWindow("k", "idx", "k", 1, 1, 0, time.Minute)
 	if err := c.Admit(op); !errors.Is(err, ErrClosed) {
 		t.Fatalf("admit after close: %v", err)
 	}
