@@ -21,17 +21,16 @@ import (
 // maxAliasValues bounds how many keys and values one file may reach through
 // aliases (*name, <<: *name). Aliases let a small file name the same subtree
 // many times over ("billion laughs"), so what they expand to is not bounded
-// by the file's size; what the file writes out is (maxFileSize), and is not
+// by the file's size; what the file writes out is (maxNodes), and is not
 // counted here. Honest files alias a breaker or a retry block, far below
 // this.
 const maxAliasValues = 200_000
 
 // maxFileSize bounds the policy file itself, so that what a file writes
-// out is bounded too. Parsing holds yaml.v3's whole node tree in memory,
-// about 160 bytes a node, some 30 times the file's size while it lasts (a
-// 7.7 MB file of 220,000 tenant overrides holds 210 MB of nodes and peaks
-// at 450-500 MB resident in warden validate).
-const maxFileSize = 8 << 20
+// out is bounded too: 1 MiB, the most a Kubernetes ConfigMap holds, which
+// is how policies ship. What the file's size leaves open, how many nodes
+// yaml.v3 builds from it, maxNodes bounds.
+const maxFileSize = 1 << 20
 
 // YAML core-schema tags as yaml.v3 reports them from Node.ShortTag.
 const (
@@ -86,6 +85,8 @@ func Parse(file string, data []byte) (*Policy, error) {
 	p := &Policy{}
 	if len(data) > maxFileSize {
 		d.addf(Position{File: file, Line: 1, Column: 1}, "the file is over %d bytes (%d MiB), the most a policy file may hold", maxFileSize, maxFileSize>>20)
+	} else if n := nodeBound(data); n > maxNodes {
+		d.addf(Position{File: file, Line: 1, Column: 1}, "the file has up to %d YAML values (keys, values, lists and mappings), more than the %d a policy file may hold; it was not parsed", n, maxNodes)
 	} else if root := d.document(data); root != nil {
 		d.decode("", root, reflect.ValueOf(p).Elem(), checks{})
 		if !d.halted {
@@ -250,7 +251,7 @@ func resolve(n *yaml.Node) *yaml.Node {
 // step counts one more key or value reached through an alias and reports
 // whether decoding may go on; past maxAliasValues it reports the file once
 // and halts. What the file writes out is not counted: it is bounded by
-// maxFileSize and decoded once.
+// maxNodes and decoded once.
 func (d *decoder) step(path string, n *yaml.Node) bool {
 	if d.halted {
 		return false
