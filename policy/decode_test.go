@@ -7,6 +7,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"gopkg.in/yaml.v3"
 )
 
 // errorCases is every check with the exact position and a fragment of the
@@ -191,6 +193,55 @@ func TestParseErrors(t *testing.T) {
 			}
 			t.Errorf("no error starts with\n  %s\ngot:\n  %s", want, strings.ReplaceAll(err.Error(), "\n", "\n  "))
 		})
+	}
+}
+
+// An element that is not a mapping where one belongs is reported once and
+// left out of what is decoded; the elements after it keep their index in
+// the file in every later message, and a pool left out is still a pool
+// that references may name.
+func TestElementsThatAreNotMappings(t *testing.T) {
+	src := `version: 1
+pools:
+  p: 0
+targets:
+  - 0
+  - {name: a, hosts: [x], pools: [p]}
+  -
+  - {name: a, hosts: [y]}
+bridges: [b, {name: c, listen: ':1', upstream: 'db:1', idle_in_transaction_timeout: 1s}]
+`
+	_, err := Parse("t.yaml", []byte(src))
+	want := []string{
+		"t.yaml:3:6: pools.p: expected a mapping, got integer 0",
+		"t.yaml:5:5: targets[0]: expected a mapping, got integer 0",
+		"t.yaml:7:4: targets[2]: has no value; give one or remove the key",
+		`t.yaml:8:12: targets[3].name: duplicate target name "a" (first at line 6)`,
+		"t.yaml:9:11: bridges[0]: expected a mapping, got string \"b\"",
+		"t.yaml:9:85: bridges[1].idle_in_transaction_timeout: needs protocol: postgres (a tcp bridge cannot see transactions)",
+	}
+	if err == nil || err.Error() != strings.Join(want, "\n") {
+		t.Fatalf("got\n%v\nwant\n%s", err, strings.Join(want, "\n"))
+	}
+}
+
+// decimal reads what yaml.v3 reads, and leaves it everything but plain
+// decimals.
+func TestDecimalMatchesYAML(t *testing.T) {
+	for _, v := range []string{"0", "-0", "7", "500", "-1", "2147483648", "9223372036854775807", "-9223372036854775808",
+		"9223372036854775808", "007", "+5", "1_000", "0x1F", "0o17", "0b11", `"5"`, "!!int 5", "1e3"} {
+		var doc yaml.Node
+		if err := yaml.Unmarshal([]byte("v: "+v), &doc); err != nil {
+			t.Fatal(err)
+		}
+		n := doc.Content[0].Content[1]
+		got, ok := decimal(n)
+		var want int64
+		err := n.Decode(&want)
+		plain := !strings.ContainsAny(v, "\"!+_xob") && v != "007" && v != "1e3" && v != "9223372036854775808"
+		if ok != plain || ok && (err != nil || got != want) {
+			t.Errorf("decimal(%s) = %d, %v; yaml.v3: %d, %v", v, got, ok, want, err)
+		}
 	}
 }
 

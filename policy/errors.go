@@ -80,11 +80,10 @@ var oneLine = strings.NewReplacer("\r", `\r`, "\n", `\n`)
 // add records the issue at pos whose message is prefix(path) followed by
 // format and args; nothing is formatted unless it is kept.
 func (f *firstIssues) add(pos Position, path, format string, args []any) {
-	full := len(f.kept) == MaxErrors
-	if full && before(f.kept[len(f.kept)-1].Pos, pos) {
-		f.more++
+	if f.counted(pos) {
 		return
 	}
+	full := len(f.kept) == MaxErrors
 	is := Issue{Pos: pos, Message: oneLine.Replace(prefix(path) + fmt.Sprintf(format, args...))}
 	// i is where is goes: after every issue at or before its position.
 	i := sort.Search(len(f.kept), func(i int) bool { return before(pos, f.kept[i].Pos) })
@@ -107,6 +106,16 @@ func (f *firstIssues) add(pos Position, path, format string, args []any) {
 	f.kept = append(f.kept, Issue{})
 	copy(f.kept[i+1:], f.kept[i:])
 	f.kept[i] = is
+}
+
+// counted reports whether an issue at pos falls past the cut, and then
+// counts it.
+func (f *firstIssues) counted(pos Position) bool {
+	if len(f.kept) == MaxErrors && before(f.kept[len(f.kept)-1].Pos, pos) {
+		f.more++
+		return true
+	}
+	return false
 }
 
 // addListed is add for an issue that must be listed even past the cut:

@@ -381,3 +381,19 @@ func TestNodeCapRefusesWithoutParsing(t *testing.T) {
 		t.Fatalf("only %d shapes at the limit are over the node bound", refused)
 	}
 }
+
+// Parsing a file at the limit of each shape, or the largest one under the
+// node bound, allocates at most 112 MiB, YAML tree included (the decoder
+// before the bound allocated 124-270 MiB for several of them, 546 MiB for
+// a list of 0s at 1 MiB).
+func TestParseAllocationIsBounded(t *testing.T) {
+	if raceDetector {
+		t.Skip("under -race, sync.Pool drops what regexp reuses: every host check allocates a matcher")
+	}
+	for _, sh := range shapes {
+		data := atCap(sh.file)
+		if got := allocatedBy(func() { _, _ = Parse("t.yaml", data) }); got > 112<<20 {
+			t.Errorf("%s (%d bytes): Parse allocated %d MiB", sh.name, len(data), got>>20)
+		}
+	}
+}
