@@ -21,17 +21,16 @@ import (
 // maxAliasValues bounds how many keys and values one file may reach through
 // aliases (*name, <<: *name). Aliases let a small file name the same subtree
 // many times over ("billion laughs"), so what they expand to is not bounded
-// by the file's size; what the file writes out is (maxFileSize), and is not
+// by the file's size; what the file writes out is (maxNodes), and is not
 // counted here. Honest files alias a breaker or a retry block, far below
 // this.
 const maxAliasValues = 200_000
 
 // maxFileSize bounds the policy file itself, so that what a file writes
-// out is bounded too. Parsing holds yaml.v3's whole node tree in memory,
-// about 160 bytes a node, some 30 times the file's size while it lasts (a
-// 7.7 MB file of 220,000 tenant overrides holds 210 MB of nodes and peaks
-// at 450-500 MB resident in warden validate).
-const maxFileSize = 8 << 20
+// out is bounded too: 1 MiB, the most a Kubernetes ConfigMap holds, which
+// is how policies ship. What the file's size leaves open, how many nodes
+// yaml.v3 builds from it, maxNodes bounds.
+const maxFileSize = 1 << 20
 
 // YAML core-schema tags as yaml.v3 reports them from Node.ShortTag.
 const (
@@ -86,17 +85,19 @@ func Parse(file string, data []byte) (*Policy, error) {
 	p := &Policy{}
 	if len(data) > maxFileSize {
 		d.addf(Position{File: file, Line: 1, Column: 1}, "the file is over %d bytes (%d MiB), the most a policy file may hold", maxFileSize, maxFileSize>>20)
+	} else if n := nodeBound(data); n > maxNodes {
+		d.addf(Position{File: file, Line: 1, Column: 1}, "the file has up to %d YAML values (keys, values, lists and mappings), more than the %d a policy file may hold; it was not parsed", n, maxNodes)
 	} else if root := d.document(data); root != nil {
 		d.decode("", root, reflect.ValueOf(p).Elem(), checks{})
 		if !d.halted {
 			validate(p, d)
-			applyDefaults(p, d)
 			validateEffective(p, d)
 		}
 	}
 	if errs := d.errors(); errs.Len() > 0 {
 		return nil, errs
 	}
+	applyDefaults(p, d)
 	p.buildIndexes()
 	warn(p, d)
 	sum := sha256.Sum256(data)
@@ -128,25 +129,31 @@ type decoder struct {
 	file   string
 	found  firstIssues
 	locs   map[string]loc      // path → where the file wrote it
-	bad    map[string]bool     // paths whose value was reported as wrong
 	merges map[*yaml.Node]bool // mappings being merged (<<), to stop cycles
+	// fileIndex maps, for a list that lost elements that were not
+	// mappings, each decoded element to its index in the file.
+	fileIndex map[string][]int
+	scratch   []byte // for written
 	// aliased is above zero while the walk is inside a subtree reached
 	// through an alias; aliasValues counts what it decodes there.
 	aliased     int
 	aliasValues int
-	halted      bool
-	schemas     map[reflect.Type]*schema
-	unknown     map[*yaml.Node]bool // unknown keys reported
+	// anchored is above zero while the walk is inside a node with an
+	// anchor, which aliases may reach again.
+	anchored int
+	halted   bool
+	schemas  map[reflect.Type]*schema
+	unknown  map[*yaml.Node]bool // unknown keys reported
 }
 
 func newDecoder(file string) *decoder {
 	return &decoder{
-		file:    file,
-		locs:    map[string]loc{},
-		bad:     map[string]bool{},
-		merges:  map[*yaml.Node]bool{},
-		schemas: map[reflect.Type]*schema{},
-		unknown: map[*yaml.Node]bool{},
+		file:      file,
+		locs:      map[string]loc{},
+		merges:    map[*yaml.Node]bool{},
+		fileIndex: map[string][]int{},
+		schemas:   map[reflect.Type]*schema{},
+		unknown:   map[*yaml.Node]bool{},
 	}
 }
 
@@ -250,7 +257,7 @@ func resolve(n *yaml.Node) *yaml.Node {
 // step counts one more key or value reached through an alias and reports
 // whether decoding may go on; past maxAliasValues it reports the file once
 // and halts. What the file writes out is not counted: it is bounded by
-// maxFileSize and decoded once.
+// maxNodes and decoded once.
 func (d *decoder) step(path string, n *yaml.Node) bool {
 	if d.halted {
 		return false
@@ -262,7 +269,7 @@ func (d *decoder) step(path string, n *yaml.Node) bool {
 		d.halted = true
 		// Listed even past the first MaxErrors: it says why decoding
 		// stopped, and so why nothing after it is reported.
-		d.bad[path] = true
+		d.markBad(path)
 		d.found.addListed(d.pos(n), path, "aliases expand to more than %d keys and values; write the file out with fewer aliases", []any{maxAliasValues})
 		return false
 	}
@@ -279,6 +286,10 @@ func (d *decoder) decode(path string, n *yaml.Node, v reflect.Value, c checks) {
 		return
 	}
 	n = resolve(n)
+	if n.Anchor != "" {
+		d.anchored++
+		defer func() { d.anchored-- }()
+	}
 	if n.Kind == yaml.ScalarNode && n.ShortTag() == tagNull {
 		d.failf(path, n, "has no value; give one or remove the key")
 		return
@@ -345,21 +356,28 @@ func (d *decoder) structure(path string, n *yaml.Node, v reflect.Value) {
 	}
 	s := d.schema(v.Type())
 	seen := map[string]bool{}
-	for _, kv := range d.pairs(path, n) {
+	ps := release(d, n, d.pairs(path, n))
+	for i, kv := range ps {
+		ps[i] = pair{}
 		name := kv.k.Value
 		f, ok := s.byName[name]
 		if !ok {
 			// An aliased mapping is walked once per alias; its unknown
-			// key is one mistake, written once.
+			// key is one mistake, written once. Only such a mapping
+			// (anchored) can be walked again.
 			if d.unknown[kv.k] {
 				continue
 			}
-			d.unknown[kv.k] = true
-			d.addf(d.pos(kv.k), "unknown key %q %s%s", name, where(path), suggestion{name, s.names})
+			if !d.mutable() {
+				d.unknown[kv.k] = true
+			}
+			if at := d.pos(kv.k); d.listed(at) {
+				d.addf(at, "unknown key %q %s%s", name, where(path), suggestion{name, s.names})
+			}
 			continue
 		}
 		p := child(path, name)
-		d.record(path, p, kv.k, kv.v)
+		d.record(p, kv.k, kv.v)
 		seen[name] = true
 		d.decodePair(p, kv, v.Field(f.index), f.checks)
 	}
@@ -369,16 +387,19 @@ func (d *decoder) structure(path string, n *yaml.Node, v reflect.Value) {
 	for _, f := range s.fields {
 		if f.checks.required && !seen[f.name] {
 			at := d.pos(n)
-			if k := d.locs[path].key; k != nil {
-				at = d.pos(k)
+			if k := d.locs[path].key; k != (spot{}) {
+				at = d.position(k)
 			}
-			d.addf(at, "missing required key %q %s", f.name, where(path))
+			if d.listed(at) {
+				d.addf(at, "missing required key %q %s", f.name, where(path))
+			}
 		}
 	}
 }
 
 // list decodes a sequence into a slice, or, for a slice of named structs
-// (Pool), a mapping of name to settings in file order.
+// (Pool), a mapping of name to settings in file order. An element that
+// cannot hold its type is reported and left out (see fits).
 func (d *decoder) list(path string, n *yaml.Node, v reflect.Value, c checks) {
 	et := v.Type().Elem()
 	if et.Kind() == reflect.Struct && d.schema(et).nameField >= 0 {
@@ -389,12 +410,39 @@ func (d *decoder) list(path string, n *yaml.Node, v reflect.Value, c checks) {
 		d.typeErr(path, n, "a list")
 		return
 	}
-	out := reflect.MakeSlice(v.Type(), len(n.Content), len(n.Content))
-	for i, item := range n.Content {
+	kept := 0
+	for _, item := range n.Content {
+		if fits(item, et) {
+			kept++
+		}
+	}
+	out := reflect.MakeSlice(v.Type(), kept, kept)
+	var fileIndex []int // made when an element is left out
+	if kept < len(n.Content) {
+		fileIndex = make([]int, 0, kept)
+	}
+	k := 0
+	items := release(d, n, n.Content)
+	for i, item := range items {
+		if d.mutable() {
+			items[i] = nil
+		}
 		p := index(path, i)
-		d.record(path, p, nil, item)
-		d.decode(p, item, out.Index(i), c.elem())
-		d.setNamePos(out.Index(i), "", d.pos(item))
+		if !fits(item, et) {
+			d.unfit(p, item, et)
+			continue
+		}
+		if fileIndex != nil {
+			fileIndex = append(fileIndex, i)
+		}
+		e := out.Index(k)
+		k++
+		d.record(p, nil, item)
+		d.decode(p, item, e, c.elem())
+		d.setNamePos(e, "", d.pos(item))
+	}
+	if fileIndex != nil {
+		d.fileIndex[path] = fileIndex
 	}
 	v.Set(out)
 }
@@ -404,14 +452,27 @@ func (d *decoder) namedList(path string, n *yaml.Node, v reflect.Value, c checks
 		d.typeErr(path, n, "a mapping of name to settings")
 		return
 	}
-	out := reflect.MakeSlice(v.Type(), 0, len(n.Content)/2)
-	for _, kv := range d.pairs(path, n) {
-		e := reflect.New(v.Type().Elem()).Elem()
+	ps := release(d, n, d.pairs(path, n))
+	et := v.Type().Elem()
+	kept := fitting(ps, et)
+	out := reflect.MakeSlice(v.Type(), kept, kept)
+	// Every entry that fits has a place; one that does not is never
+	// decoded, and is handed spare.
+	spare := reflect.New(et).Elem()
+	k := 0
+	for i, kv := range ps {
+		ps[i] = pair{}
+		e := spare
+		if k < out.Len() {
+			e = out.Index(k)
+		}
 		if d.entry(path, kv, e, c) {
-			out = reflect.Append(out, e)
+			k++
+		} else {
+			e.SetZero()
 		}
 	}
-	v.Set(out)
+	v.Set(out.Slice(0, k))
 }
 
 func (d *decoder) dict(path string, n *yaml.Node, v reflect.Value, c checks) {
@@ -419,18 +480,27 @@ func (d *decoder) dict(path string, n *yaml.Node, v reflect.Value, c checks) {
 		d.typeErr(path, n, "a mapping")
 		return
 	}
-	out := reflect.MakeMapWithSize(v.Type(), len(n.Content)/2)
-	for _, kv := range d.pairs(path, n) {
-		e := reflect.New(v.Type().Elem()).Elem()
+	ps := release(d, n, d.pairs(path, n))
+	t := v.Type()
+	out := reflect.MakeMapWithSize(t, fitting(ps, t.Elem()))
+	// One element and one key, reused: the map keeps copies.
+	e, key := reflect.New(t.Elem()).Elem(), reflect.New(t.Key()).Elem()
+	for i, kv := range ps {
+		ps[i] = pair{}
+		e.SetZero()
 		if d.entry(path, kv, e, c) {
-			out.SetMapIndex(reflect.ValueOf(kv.k.Value).Convert(v.Type().Key()), e)
+			key.SetString(kv.k.Value)
+			out.SetMapIndex(key, e)
 		}
 	}
 	v.Set(out)
 }
 
 // entry decodes one name: value entry of a user-named mapping (pools,
-// definitions, tenants, ...). It reports false for an entry with no name.
+// definitions, tenants, ...). It reports false for an entry with no name
+// and for one whose value cannot hold its type (see fits): such an entry
+// is recorded as written, so that references to it are not reported as
+// undefined, but decodes to nothing.
 func (d *decoder) entry(path string, kv pair, e reflect.Value, c checks) bool {
 	name := kv.k.Value
 	if name == "" {
@@ -448,10 +518,77 @@ func (d *decoder) entry(path string, kv pair, e reflect.Value, c checks) bool {
 		return false
 	}
 	p := child(path, name)
-	d.record(path, p, kv.k, kv.v)
+	d.record(p, kv.k, kv.v)
+	if !fits(kv.v, e.Type()) {
+		d.unfit(p, kv.v, e.Type())
+		return false
+	}
 	d.decodePair(p, kv, e, c.elem())
 	d.setNamePos(e, name, d.pos(kv.k))
 	return true
+}
+
+// release cuts the children of node n out of the YAML tree, unless an
+// alias may reach n again, and returns them: the caller drops each one once
+// decoded, so that the tree, some 165 bytes a node, shrinks as the decoded
+// policy grows instead of outliving it. Positions are kept in locs.
+func release[T any](d *decoder, n *yaml.Node, children []T) []T {
+	if d.mutable() {
+		n.Content = nil
+	}
+	return children
+}
+
+// mutable reports whether the walk may cut what it has decoded out of the
+// YAML tree: not inside a node with an anchor or reached through an alias.
+func (d *decoder) mutable() bool { return d.aliased == 0 && d.anchored == 0 }
+
+// fits reports whether node n, an element of a list or mapping of type t,
+// has the kind t needs when t is a struct (a mapping) or a list (a list,
+// or a mapping for a list of structs, as pools are written). A file can
+// write a hundred thousand "0," or "x:" lines where a mapping belongs;
+// each is reported, and left out rather than given a zero struct, which
+// costs more than its YAML node.
+func fits(n *yaml.Node, t reflect.Type) bool {
+	n = resolve(n)
+	switch t.Kind() {
+	case reflect.Struct:
+		return n.Kind == yaml.MappingNode
+	case reflect.Slice:
+		return n.Kind == yaml.SequenceNode || t.Elem().Kind() == reflect.Struct && n.Kind == yaml.MappingNode
+	}
+	return true
+}
+
+// fitting is how many of the entries ps fit (see fits) type t.
+func fitting(ps []pair, t reflect.Type) int {
+	k := 0
+	for _, kv := range ps {
+		if fits(kv.v, t) {
+			k++
+		}
+	}
+	return k
+}
+
+// unfit reports the element n at path that does not fit (see fits), as
+// decode would. Nothing asks whether a left-out element was bad, so it is
+// not marked so.
+func (d *decoder) unfit(path string, n *yaml.Node, t reflect.Type) {
+	if d.halted {
+		return
+	}
+	n = resolve(n)
+	at := d.pos(n)
+	switch {
+	case !d.listed(at):
+	case n.Kind == yaml.ScalarNode && n.ShortTag() == tagNull:
+		d.pathf(at, path, "has no value; give one or remove the key")
+	case t.Kind() == reflect.Struct:
+		d.pathf(at, path, "expected a mapping, got %s", describe(n))
+	default:
+		d.pathf(at, path, "expected a list, got %s", describe(n))
+	}
 }
 
 // setNamePos fills the Name (when yaml:"-", i.e. taken from the mapping key)
@@ -465,7 +602,7 @@ func (d *decoder) setNamePos(v reflect.Value, name string, pos Position) {
 		v.Field(s.nameField).SetString(name)
 	}
 	if s.posField >= 0 {
-		v.Field(s.posField).Set(reflect.ValueOf(pos))
+		*v.Field(s.posField).Addr().Interface().(*Position) = pos
 	}
 }
 
@@ -519,7 +656,7 @@ func (d *decoder) pairs(path string, n *yaml.Node) []pair {
 		}
 		own[k.Value] = k
 	}
-	var out []pair
+	out := make([]pair, 0, len(own))
 	merged := map[string]bool{}
 	for i := 0; i+1 < len(n.Content); i += 2 {
 		k, v := resolve(n.Content[i]), n.Content[i+1]

@@ -1,13 +1,14 @@
 package policy
 
 import (
-	"bytes"
 	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"gopkg.in/yaml.v3"
 )
 
 // errorCases is every check with the exact position and a fragment of the
@@ -195,6 +196,55 @@ func TestParseErrors(t *testing.T) {
 	}
 }
 
+// An element that is not a mapping where one belongs is reported once and
+// left out of what is decoded; the elements after it keep their index in
+// the file in every later message, and a pool left out is still a pool
+// that references may name.
+func TestElementsThatAreNotMappings(t *testing.T) {
+	src := `version: 1
+pools:
+  p: 0
+targets:
+  - 0
+  - {name: a, hosts: [x], pools: [p]}
+  -
+  - {name: a, hosts: [y]}
+bridges: [b, {name: c, listen: ':1', upstream: 'db:1', idle_in_transaction_timeout: 1s}]
+`
+	_, err := Parse("t.yaml", []byte(src))
+	want := []string{
+		"t.yaml:3:6: pools.p: expected a mapping, got integer 0",
+		"t.yaml:5:5: targets[0]: expected a mapping, got integer 0",
+		"t.yaml:7:4: targets[2]: has no value; give one or remove the key",
+		`t.yaml:8:12: targets[3].name: duplicate target name "a" (first at line 6)`,
+		"t.yaml:9:11: bridges[0]: expected a mapping, got string \"b\"",
+		"t.yaml:9:85: bridges[1].idle_in_transaction_timeout: needs protocol: postgres (a tcp bridge cannot see transactions)",
+	}
+	if err == nil || err.Error() != strings.Join(want, "\n") {
+		t.Fatalf("got\n%v\nwant\n%s", err, strings.Join(want, "\n"))
+	}
+}
+
+// decimal reads what yaml.v3 reads, and leaves it everything but plain
+// decimals.
+func TestDecimalMatchesYAML(t *testing.T) {
+	for _, v := range []string{"0", "-0", "7", "500", "-1", "2147483648", "9223372036854775807", "-9223372036854775808",
+		"9223372036854775808", "007", "+5", "1_000", "0x1F", "0o17", "0b11", `"5"`, "!!int 5", "1e3"} {
+		var doc yaml.Node
+		if err := yaml.Unmarshal([]byte("v: "+v), &doc); err != nil {
+			t.Fatal(err)
+		}
+		n := doc.Content[0].Content[1]
+		got, ok := decimal(n)
+		var want int64
+		err := n.Decode(&want)
+		plain := !strings.ContainsAny(v, "\"!+_xob") && v != "007" && v != "1e3" && v != "9223372036854775808"
+		if ok != plain || ok && (err != nil || got != want) {
+			t.Errorf("decimal(%s) = %d, %v; yaml.v3: %d, %v", v, got, ok, want, err)
+		}
+	}
+}
+
 // A file with several unrelated mistakes reports all of them, in file order.
 func TestParseReportsEveryErrorInFileOrder(t *testing.T) {
 	src := `version: 1
@@ -341,10 +391,14 @@ func tenantsPolicy(n int) []byte {
 	return []byte(b.String())
 }
 
-// A file without aliases expands to nothing: however many values it holds,
-// the alias bound must not count them.
-func TestLargePolicyWithoutAliases(t *testing.T) {
-	const n = 100_000 // 7 values each: 700,000, well past maxAliasValues
+// The largest file of tenant overrides, at the size limit, parses: its
+// 165,000 nodes are under maxNodes, and the alias bound does not count
+// what a file writes out.
+func TestLargestTenantFile(t *testing.T) {
+	n := 0
+	for len(tenantsPolicy(n+1000)) <= maxFileSize {
+		n += 1000
+	}
 	p, err := Parse("t.yaml", tenantsPolicy(n))
 	if err != nil {
 		t.Fatalf("%.300v", err)
@@ -354,16 +408,18 @@ func TestLargePolicyWithoutAliases(t *testing.T) {
 	}
 }
 
-// What a file writes out is bounded by its size, which Load and Parse
-// check before parsing.
+// A file is at most 1 MiB, which Load and Parse check before parsing.
 func TestFileSizeBound(t *testing.T) {
-	big := append([]byte("version: 1\n"), bytes.Repeat([]byte("#\n"), maxFileSize/2)...)
+	// Long comment lines, a few bytes past the limit: many bytes, few
+	// YAML values.
+	line := "# " + strings.Repeat("x", 61) + "\n"
+	big := []byte("version: 1\n" + strings.Repeat(line, maxFileSize/len(line)))
 	path := filepath.Join(t.TempDir(), "big.yaml")
 	if err := os.WriteFile(path, big, 0o600); err != nil {
 		t.Fatal(err)
 	}
 	_, err := Load(path)
-	want := fmt.Sprintf("%s:1:1: the file is over %d bytes (8 MiB), the most a policy file may hold", path, maxFileSize)
+	want := fmt.Sprintf("%s:1:1: the file is over 1048576 bytes (1 MiB), the most a policy file may hold", path)
 	if err == nil || err.Error() != want {
 		t.Fatalf("Load(%d bytes) = %v\nwant %s", len(big), err, want)
 	}

@@ -96,9 +96,9 @@ func builtinRetry() Retry {
 	}
 }
 
-// applyDefaults fills every key the file left out. It tolerates a policy
-// that failed validation (it only fills), so that the post-merge checks can
-// still run and report everything at once.
+// applyDefaults fills every key the file left out, in a policy that
+// validated: what the defaults give is checked before (validateEffective),
+// without filling in a policy that will not be returned.
 func applyDefaults(p *Policy, d *decoder) {
 	def(d, "shutdown_grace", &p.ShutdownGrace, defaultShutdownGrace)
 	if p.Admin != nil {
@@ -122,7 +122,7 @@ func applyDefaults(p *Policy, d *decoder) {
 		e.Defaults = eff
 	}
 	for i := range p.Targets {
-		targetDefaultsFor(d, &p.Targets[i], index("targets", i), eff)
+		targetDefaultsFor(d, &p.Targets[i], d.item("targets", i), eff)
 	}
 
 	for i := range p.Pools {
@@ -133,7 +133,7 @@ func applyDefaults(p *Policy, d *decoder) {
 	}
 
 	for i := range p.Bridges {
-		b, bp := &p.Bridges[i], index("bridges", i)
+		b, bp := &p.Bridges[i], d.item("bridges", i)
 		def(d, bp+".protocol", &b.Protocol, defaultBridgeProtocol)
 		def(d, bp+".max_connections", &b.MaxConnections, defaultBridgeConnections)
 		def(d, bp+".wait_timeout", &b.WaitTimeout, defaultBridgeWait)
@@ -148,11 +148,7 @@ func applyDefaults(p *Policy, d *decoder) {
 		def(d, "scheduler.worker_max_concurrent", &s.WorkerMaxConcurrent, defaultWorkerMaxConcurrent)
 		def(d, "scheduler.store.kind", &s.Store.Kind, defaultStoreKind)
 		for name, dfn := range s.Definitions {
-			rp := child(child("scheduler.definitions", name), "retry")
-			// Scheduler retries are the run's own business; they do not
-			// inherit egress.defaults.retry.
-			r := overlay(d, builtinRetry(), dfn.Retry, rp)
-			raiseMaxDelay(d, &r, rp)
+			r := definitionRetry(d, name, dfn)
 			dfn.Retry = &r
 			s.Definitions[name] = dfn
 		}
@@ -196,11 +192,11 @@ func targetDefaults(p *Policy, d *decoder) TargetDefaults {
 	if d.has(dp + ".idle_timeout") {
 		eff.IdleTimeout = own.IdleTimeout
 	}
-	b := overlay(d, builtinBreaker(), own.CircuitBreaker, dp+".circuit_breaker")
-	raiseMaxOpen(d, &b, dp+".circuit_breaker")
+	b := overlay(d, builtinBreaker(), own.CircuitBreaker, dp, ".circuit_breaker")
+	raiseMaxOpen(d, &b, dp, ".circuit_breaker", "")
 	eff.CircuitBreaker = &b
-	r := overlay(d, builtinRetry(), own.Retry, dp+".retry")
-	raiseMaxDelay(d, &r, dp+".retry")
+	r := overlay(d, builtinRetry(), own.Retry, dp, ".retry")
+	raiseMaxDelay(d, &r, dp, ".retry", "")
 	eff.Retry = &r
 	return eff
 }
@@ -213,17 +209,31 @@ func targetDefaultsFor(d *decoder, t *Target, tp string, eff TargetDefaults) {
 	def(d, tp+".timeout", &t.Timeout, eff.Timeout)
 	def(d, tp+".max_connections", &t.MaxConnections, eff.MaxConnections)
 	def(d, tp+".idle_timeout", &t.IdleTimeout, eff.IdleTimeout)
-
-	b := overlay(d, *eff.CircuitBreaker, t.CircuitBreaker, tp+".circuit_breaker")
-	raiseMaxOpen(d, &b, tp+".circuit_breaker", "egress.defaults.circuit_breaker")
-	t.CircuitBreaker = &b
-
-	r := overlay(d, *eff.Retry, t.Retry, tp+".retry")
-	raiseMaxDelay(d, &r, tp+".retry", "egress.defaults.retry")
+	b, r := targetEffective(d, t, tp, eff)
 	if r.NonRetryable != nil {
 		r.NonRetryable = append([]string(nil), r.NonRetryable...) // no aliasing between targets
 	}
-	t.Retry = &r
+	t.CircuitBreaker, t.Retry = &b, &r
+}
+
+// targetEffective is the breaker and retry policy target t at path tp
+// gets, given the effective egress defaults eff.
+func targetEffective(d *decoder, t *Target, tp string, eff TargetDefaults) (CircuitBreaker, Retry) {
+	b := overlay(d, *eff.CircuitBreaker, t.CircuitBreaker, tp, ".circuit_breaker")
+	raiseMaxOpen(d, &b, tp, ".circuit_breaker", "egress.defaults.circuit_breaker")
+	r := overlay(d, *eff.Retry, t.Retry, tp, ".retry")
+	raiseMaxDelay(d, &r, tp, ".retry", "egress.defaults.retry")
+	return b, r
+}
+
+// definitionRetry is the retry policy of the run definition name.
+// Scheduler retries are the run's own business; they do not inherit
+// egress.defaults.retry.
+func definitionRetry(d *decoder, name string, dfn Definition) Retry {
+	rp := child(child("scheduler.definitions", name), "retry")
+	r := overlay(d, builtinRetry(), dfn.Retry, rp, "")
+	raiseMaxDelay(d, &r, rp, "", "")
+	return r
 }
 
 // def sets *dst to v unless the file wrote a value at path.
@@ -233,16 +243,16 @@ func def[T any](d *decoder, path string, dst *T, v T) {
 	}
 }
 
-// overlay returns base with each key the file wrote under path taken from
-// own. own may be nil (the file wrote no such section).
-func overlay[T any](d *decoder, base T, own *T, path string) T {
+// overlay returns base with each key the file wrote under prefix+suffix
+// taken from own. own may be nil (the file wrote no such section).
+func overlay[T any](d *decoder, base T, own *T, prefix, suffix string) T {
 	if own == nil {
 		return base
 	}
 	out := base
 	ov, src := reflect.ValueOf(&out).Elem(), reflect.ValueOf(own).Elem()
 	for i := 0; i < ov.NumField(); i++ {
-		if name := yamlName(ov.Type().Field(i)); name != "" && d.has(child(path, name)) {
+		if name := yamlName(ov.Type().Field(i)); name != "" && d.written(prefix, suffix, ".", name) {
 			ov.Field(i).Set(src.Field(i))
 		}
 	}
@@ -250,22 +260,19 @@ func overlay[T any](d *decoder, base T, own *T, path string) T {
 }
 
 // raiseMaxDelay keeps the built-in max_delay (1h) from undercutting a longer
-// delay: when no level wrote max_delay, it is at least delay.
-func raiseMaxDelay(d *decoder, r *Retry, levels ...string) {
-	for _, l := range levels {
-		if d.has(l + ".max_delay") {
-			return
-		}
+// delay: when neither the retry section at prefix+suffix nor the one at
+// inherited ("" for none) wrote max_delay, it is at least delay.
+func raiseMaxDelay(d *decoder, r *Retry, prefix, suffix, inherited string) {
+	if d.written(prefix, suffix, ".max_delay") || inherited != "" && d.written(inherited, ".max_delay") {
+		return
 	}
 	r.MaxDelay = max(builtinRetry().MaxDelay, r.Delay)
 }
 
 // raiseMaxOpen is raiseMaxDelay for the breaker's open/max_open pair.
-func raiseMaxOpen(d *decoder, b *CircuitBreaker, levels ...string) {
-	for _, l := range levels {
-		if d.has(l + ".max_open") {
-			return
-		}
+func raiseMaxOpen(d *decoder, b *CircuitBreaker, prefix, suffix, inherited string) {
+	if d.written(prefix, suffix, ".max_open") || inherited != "" && d.written(inherited, ".max_open") {
+		return
 	}
 	b.MaxOpen = max(builtinBreaker().MaxOpen, b.Open)
 }

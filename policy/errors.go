@@ -2,9 +2,11 @@ package policy
 
 import (
 	"fmt"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
+	"unicode/utf8"
 )
 
 // MaxErrors is how many errors a policy's Errors lists. A file can hold
@@ -80,12 +82,12 @@ var oneLine = strings.NewReplacer("\r", `\r`, "\n", `\n`)
 // add records the issue at pos whose message is prefix(path) followed by
 // format and args; nothing is formatted unless it is kept.
 func (f *firstIssues) add(pos Position, path, format string, args []any) {
-	full := len(f.kept) == MaxErrors
-	if full && before(f.kept[len(f.kept)-1].Pos, pos) {
-		f.more++
+	if f.counted(pos) {
 		return
 	}
-	is := Issue{Pos: pos, Message: oneLine.Replace(prefix(path) + fmt.Sprintf(format, args...))}
+	full := len(f.kept) == MaxErrors
+	msg := prefix(clip(path)) + fmt.Sprintf(format, clipArgs(args)...)
+	is := Issue{Pos: pos, Message: oneLine.Replace(msg)}
 	// i is where is goes: after every issue at or before its position.
 	i := sort.Search(len(f.kept), func(i int) bool { return before(pos, f.kept[i].Pos) })
 	// An aliased subtree can produce the same finding twice; a repeat
@@ -107,6 +109,60 @@ func (f *firstIssues) add(pos Position, path, format string, args []any) {
 	f.kept = append(f.kept, Issue{})
 	copy(f.kept[i+1:], f.kept[i:])
 	f.kept[i] = is
+}
+
+// counted reports whether an issue at pos falls past the cut, and then
+// counts it.
+func (f *firstIssues) counted(pos Position) bool {
+	if len(f.kept) == MaxErrors && before(f.kept[len(f.kept)-1].Pos, pos) {
+		f.more++
+		return true
+	}
+	return false
+}
+
+// maxShown bounds what one message shows of each value it quotes, and of
+// the path it starts with: a file can alias one long string into every
+// error it lists.
+const maxShown = 200
+
+// clip is s cut to maxShown bytes (on a character boundary), marked "...".
+func clip(s string) string {
+	if len(s) <= maxShown {
+		return s
+	}
+	n := maxShown
+	for n > 0 && !utf8.RuneStart(s[n]) {
+		n--
+	}
+	return s[:n] + "..."
+}
+
+// clipArgs is args with each string and error longer than maxShown given
+// as clip of its text. (The Stringers messages take, describe and
+// suggestion, are short already.)
+func clipArgs(args []any) []any {
+	var out []any // a copy, once one is clipped
+	for i, a := range args {
+		var s string
+		switch a := a.(type) {
+		case string:
+			s = a
+		case error:
+			s = a.Error()
+		}
+		if len(s) <= maxShown {
+			continue
+		}
+		if out == nil {
+			out = slices.Clone(args)
+		}
+		out[i] = clip(s)
+	}
+	if out == nil {
+		return args
+	}
+	return out
 }
 
 // addListed is add for an issue that must be listed even past the cut:

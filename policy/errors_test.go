@@ -6,6 +6,7 @@ import (
 	"runtime"
 	"strings"
 	"testing"
+	"unicode/utf8"
 )
 
 // tenantOverrides is a policy with n ingress tenant overrides written as
@@ -79,12 +80,19 @@ func TestManyErrorsAllocateLittle(t *testing.T) {
 // allocated is how many bytes Parse (and formatting its error) allocates.
 func allocated(t *testing.T, data []byte) uint64 {
 	t.Helper()
+	return allocatedBy(func() {
+		if _, err := Parse("many.yaml", data); err != nil {
+			_ = err.Error()
+		}
+	})
+}
+
+// allocatedBy is how many bytes f allocates.
+func allocatedBy(f func()) uint64 {
 	var before, after runtime.MemStats
 	runtime.GC()
 	runtime.ReadMemStats(&before)
-	if _, err := Parse("many.yaml", data); err != nil {
-		_ = err.Error()
-	}
+	f()
 	runtime.ReadMemStats(&after)
 	return after.TotalAlloc - before.TotalAlloc
 }
@@ -142,6 +150,27 @@ func TestFirstIssues(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// A message shows at most maxShown bytes of each value: a file can alias
+// one long string into every error it lists (a 900 KB string in 150
+// timeouts made 135 MB of messages).
+func TestLongValuesAreClipped(t *testing.T) {
+	var b strings.Builder
+	b.WriteString("version: 1\ntargets:\n  - {name: t, hosts: [h], timeout: &a \"" + strings.Repeat("é", 100_000) + "\"}\n")
+	for i := range 150 {
+		fmt.Fprintf(&b, "  - {name: t%d, hosts: [h%d], timeout: *a}\n", i, i)
+	}
+	_, err := Parse("t.yaml", []byte(b.String()))
+	var errs Errors
+	if !errors.As(err, &errs) || errs.Len() != 151 {
+		t.Fatalf("want 151 errors, got %.300v", err)
+	}
+	for _, is := range errs.Issues {
+		if len(is.Message) > 2*maxShown || !utf8.ValidString(is.Message) || !strings.Contains(is.Message, `é..." is not a duration`) {
+			t.Fatalf("message of %d bytes: %.300s", len(is.Message), is.Message)
+		}
 	}
 }
 

@@ -5,6 +5,7 @@ import (
 	"math"
 	"reflect"
 	"strconv"
+	"strings"
 	"time"
 
 	"gopkg.in/yaml.v3"
@@ -20,10 +21,12 @@ func (d *decoder) integer(path string, n *yaml.Node, c checks) (int64, bool) {
 		d.typeErr(path, n, "an integer")
 		return 0, false
 	}
-	var i int64
-	if err := n.Decode(&i); err != nil {
-		d.failf(path, n, "%s is not an integer warden can hold", n.Value)
-		return 0, false
+	i, ok := decimal(n)
+	if !ok {
+		if err := n.Decode(&i); err != nil {
+			d.failf(path, n, "%s is not an integer warden can hold", n.Value)
+			return 0, false
+		}
 	}
 	switch {
 	case !c.signed && i < 0:
@@ -134,8 +137,34 @@ func (d *decoder) text(path string, n *yaml.Node, c checks) (string, bool) {
 	return n.Value, true
 }
 
+// decimal is the value of an untagged plain integer written in decimal
+// without a leading zero ("500", "-1"), which is what yaml.v3 makes of it
+// too; ok is false for anything else (0x1F, 0o17, 1_000, an explicit tag),
+// left to yaml.v3. yaml.v3's Node.Decode costs a decoder of its own each
+// time, and a file can hold a hundred thousand integers.
+func decimal(n *yaml.Node) (int64, bool) {
+	s := n.Value
+	if n.Style != 0 || s == "" {
+		return 0, false
+	}
+	digits := strings.TrimPrefix(s, "-")
+	if digits == "" || digits[0] == '0' && len(digits) > 1 {
+		return 0, false
+	}
+	for i := 0; i < len(digits); i++ {
+		if digits[i] < '0' || digits[i] > '9' {
+			return 0, false
+		}
+	}
+	i, err := strconv.ParseInt(s, 10, 64)
+	return i, err == nil
+}
+
 func (d *decoder) typeErr(path string, n *yaml.Node, want string) {
-	d.failf(path, n, "expected %s, got %s", want, describe(n))
+	d.markBad(path)
+	if at := d.pos(n); d.listed(at) {
+		d.found.add(at, path, "expected %s, got %s", []any{want, describe(n)})
+	}
 }
 
 // describe names what a node holds, for type errors.

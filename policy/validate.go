@@ -57,7 +57,7 @@ func (v *validator) pool(name string) (Pool, bool) {
 
 // fail reports a problem with the value at path.
 func (v *validator) fail(path, format string, args ...any) {
-	v.d.bad[path] = true
+	v.d.markBad(path)
 	v.d.found.add(v.d.at(path), path, format, args)
 }
 
@@ -108,31 +108,33 @@ func (v *validator) egress() {
 }
 
 func (v *validator) targets() {
-	names := map[string]string{}    // target name → path of its name
-	hosts := map[string]string{}    // lower-cased host → path of the entry
-	services := map[string]string{} // gRPC service → path of the entry
+	// First users by index, not path: a file can hold 100,000 targets.
+	names := make(map[string]int, len(v.p.Targets))          // target name → the first target with it
+	hosts := make(map[string][2]int, hostCount(v.p.Targets)) // lower-cased host → the first target and host routing it
+	services := map[string]int{}                             // gRPC service → the first target routing it
+	namePath := func(i int) string { return v.d.item("targets", i) + ".name" }
+	hostPath := func(ij [2]int) string { return index(v.d.item("targets", ij[0])+".hosts", ij[1]) }
 	for i, t := range v.p.Targets {
-		tp := index("targets", i)
-		if v.d.ok(tp + ".name") {
+		tp := v.d.item("targets", i)
+		if v.d.okAt(tp, ".name") {
 			if first, dup := names[t.Name]; dup {
-				v.fail(tp+".name", "duplicate target name %q (first at line %d)", t.Name, v.d.line(first))
+				v.fail(tp+".name", "duplicate target name %q (first at line %d)", t.Name, v.d.line(namePath(first)))
 			} else {
-				names[t.Name] = tp + ".name"
+				names[t.Name] = i
 			}
 		}
-		hasHosts, hasService := v.d.has(tp+".hosts"), v.d.has(tp+".grpc_service")
+		hasHosts, hasService := v.d.written(tp, ".hosts"), v.d.written(tp, ".grpc_service")
 		switch {
 		case hasHosts && hasService:
 			v.failEntry(tp, "set hosts (an HTTP target) or grpc_service (a gRPC target), not both")
 		case !hasHosts && !hasService:
 			v.failEntry(tp, "needs hosts (an HTTP target) or grpc_service (a gRPC target)")
 		}
-		if v.d.ok(tp+".hosts") && len(t.Hosts) == 0 {
+		if v.d.okAt(tp, ".hosts") && len(t.Hosts) == 0 {
 			v.fail(tp+".hosts", "lists no hosts")
 		}
 		for j, h := range t.Hosts {
-			hp := index(tp+".hosts", j)
-			if !v.d.ok(hp) {
+			if !v.d.okItem(tp+".hosts", j) {
 				continue
 			}
 			// Compared as the egress matches requests (case, a port's
@@ -143,19 +145,21 @@ func (v *validator) targets() {
 				key = h
 			}
 			if first, dup := hosts[key]; dup {
-				v.fail(hp, "host %q is already routed by %s (line %d)", h, first, v.d.line(first))
+				fp := hostPath(first)
+				v.fail(hostPath([2]int{i, j}), "host %q is already routed by %s (line %d)", h, fp, v.d.line(fp))
 				continue
 			}
-			hosts[key] = hp
+			hosts[key] = [2]int{i, j}
 		}
-		if v.d.ok(tp + ".grpc_service") {
+		if v.d.okAt(tp, ".grpc_service") {
 			if first, dup := services[t.GRPCService]; dup {
-				v.fail(tp+".grpc_service", "service %q is already routed by %s (line %d)", t.GRPCService, first, v.d.line(first))
+				fp := v.d.item("targets", first) + ".grpc_service"
+				v.fail(tp+".grpc_service", "service %q is already routed by %s (line %d)", t.GRPCService, fp, v.d.line(fp))
 			} else {
-				services[t.GRPCService] = tp + ".grpc_service"
+				services[t.GRPCService] = i
 			}
 		}
-		if v.d.ok(tp + ".upstream") {
+		if v.d.okAt(tp, ".upstream") {
 			schemes := []string{"http", "https"}
 			if hasService && !hasHosts {
 				schemes = []string{"h2c", "http", "https"}
@@ -164,20 +168,30 @@ func (v *validator) targets() {
 				v.fail(tp+".upstream", "%v", err)
 			}
 		}
-		v.poolRefs(tp+".pools", t.Pools)
+		if len(t.Pools) > 0 {
+			v.poolRefs(tp+".pools", t.Pools)
+		}
 	}
+}
+
+func hostCount(ts []Target) int {
+	n := 0
+	for _, t := range ts {
+		n += len(t.Hosts)
+	}
+	return n
 }
 
 // poolRefs checks a list of pool names. Listing a pool twice, or two
 // pools sharing a cap_key (which are one pool), would make a request take
 // two slots of it.
 func (v *validator) poolRefs(path string, refs []string) {
-	seen := map[string]string{} // pool ID → the name that listed it
+	seen := make(map[string]string, len(refs)) // pool ID → the name that listed it
 	for j, name := range refs {
-		rp := index(path, j)
-		if !v.d.ok(rp) {
+		if !v.d.okItem(path, j) {
 			continue
 		}
+		rp := index(path, j)
 		if _, dup := seen[name]; dup {
 			v.fail(rp, "pool %q is listed twice", name)
 			continue
@@ -196,8 +210,8 @@ func (v *validator) poolRefs(path string, refs []string) {
 }
 
 func (v *validator) poolRef(path, name string) {
-	if _, ok := v.pool(name); ok {
-		return
+	if _, ok := v.pool(name); ok || v.d.has(child("pools", name)) {
+		return // defined, or written with a value already reported
 	}
 	v.fail(path, "undefined pool %q%s", name, suggestion{name, func() []string {
 		names := make([]string, len(v.p.Pools))
@@ -221,19 +235,19 @@ func (v *validator) pools() {
 }
 
 func (v *validator) bridges() {
-	names := map[string]string{}
+	names := make(map[string]int, len(v.p.Bridges)) // bridge name → the first bridge with it
 	for i, b := range v.p.Bridges {
-		bp := index("bridges", i)
-		if v.d.ok(bp + ".name") {
+		bp := v.d.item("bridges", i)
+		if v.d.okAt(bp, ".name") {
 			if first, dup := names[b.Name]; dup {
-				v.fail(bp+".name", "duplicate bridge name %q (first at line %d)", b.Name, v.d.line(first))
+				v.fail(bp+".name", "duplicate bridge name %q (first at line %d)", b.Name, v.d.line(v.d.item("bridges", first)+".name"))
 			} else {
-				names[b.Name] = bp + ".name"
+				names[b.Name] = i
 			}
 		}
 		// Only the postgres protocol can see transactions; on a tcp bridge
 		// the setting would silently do nothing.
-		if v.d.has(bp+".idle_in_transaction_timeout") && b.Protocol != ProtocolPostgres && !v.d.bad[bp+".protocol"] {
+		if v.d.written(bp, ".idle_in_transaction_timeout") && b.Protocol != ProtocolPostgres && !v.d.isBad(bp+".protocol") {
 			v.fail(bp+".idle_in_transaction_timeout", "needs protocol: postgres (a %s bridge cannot see transactions)", orDefault(b.Protocol, ProtocolTCP))
 		}
 	}
@@ -338,18 +352,18 @@ func (v *validator) rls() {
 	}
 	for _, domain := range slices.Sorted(maps.Keys(r.Domains)) {
 		dp := child("rls.domains", domain)
-		seen := map[[2]string]string{}
+		seen := make(map[[2]string]int, len(r.Domains[domain])) // key and value → the first entry with them
 		for j, e := range r.Domains[domain] {
-			ep := index(dp, j)
-			if !v.d.ok(ep+".key") || v.d.bad[ep+".value"] {
+			ep := v.d.item(dp, j)
+			if !v.d.okAt(ep, ".key") || v.d.joined([]string{ep, ".value"}).bad {
 				continue
 			}
 			k := [2]string{e.Key, e.Value}
 			if first, dup := seen[k]; dup {
-				v.failEntry(ep, "duplicate entry for key %q value %q (first at line %d)", e.Key, e.Value, v.d.line(first))
+				v.failEntry(ep, "duplicate entry for key %q value %q (first at line %d)", e.Key, e.Value, v.d.line(v.d.item(dp, first)))
 				continue
 			}
-			seen[k] = ep
+			seen[k] = j
 		}
 	}
 }
@@ -385,7 +399,7 @@ func (v *validator) listeners() {
 		add("egress.grpc_listen", v.p.Egress.GRPCListen)
 	}
 	for i, b := range v.p.Bridges {
-		add(index("bridges", i)+".listen", b.Listen)
+		add(v.d.item("bridges", i)+".listen", b.Listen)
 	}
 	if v.p.RLS != nil {
 		add("rls.listen", v.p.RLS.Listen)
@@ -438,19 +452,27 @@ func (v *validator) listeners() {
 // problem is reported once, at the most specific level that wrote one of
 // the pair; a level that wrote neither inherited the problem and the level
 // it inherited from reports it.
+//
+// It works out the merged values itself rather than reading what
+// applyDefaults fills in, which only a policy that validated gets.
 func validateEffective(p *Policy, d *decoder) {
 	v := &validator{p: p, d: d}
 	const dr, db = "egress.defaults.retry", "egress.defaults.circuit_breaker"
+	eff := targetDefaults(p, d)
 	if p.Egress != nil {
-		v.ordered([]string{dr}, p.Egress.Defaults.Retry, []string{db}, p.Egress.Defaults.CircuitBreaker)
+		v.ordered([]string{dr}, eff.Retry, []string{db}, eff.CircuitBreaker)
 	}
-	for i, t := range p.Targets {
-		tp := index("targets", i)
-		v.ordered([]string{tp + ".retry", dr}, t.Retry, []string{tp + ".circuit_breaker", db}, t.CircuitBreaker)
+	rLevels, bLevels := []string{"", dr}, []string{"", db}
+	for i := range p.Targets {
+		tp := d.item("targets", i)
+		b, r := targetEffective(d, &p.Targets[i], tp, eff)
+		rLevels[0], bLevels[0] = tp+".retry", tp+".circuit_breaker"
+		v.ordered(rLevels, &r, bLevels, &b)
 	}
 	if p.Scheduler != nil {
 		for name, def := range p.Scheduler.Definitions {
-			v.ordered([]string{child(child("scheduler.definitions", name), "retry")}, def.Retry, nil, nil)
+			r := definitionRetry(d, name, def)
+			v.ordered([]string{child(child("scheduler.definitions", name), "retry")}, &r, nil, nil)
 		}
 	}
 }
@@ -483,7 +505,7 @@ func (v *validator) ordered(rLevels []string, r *Retry, bLevels []string, b *Cir
 func (v *validator) anyBad(levels []string, keys ...string) bool {
 	for _, l := range levels {
 		for _, k := range keys {
-			if v.d.bad[l+"."+k] {
+			if v.d.isBad(l + "." + k) {
 				return true
 			}
 		}
