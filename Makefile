@@ -14,7 +14,7 @@ FUZZ     := ./policy:FuzzParse ./governor/bridge:FuzzParseStartup ./governor/bri
             ./proxy/httpwire:FuzzAuthority ./proxy/httpwire:FuzzSplitAbsoluteForm ./proxy/httpwire:FuzzMaxForwards \
             ./proxy/httpwire:FuzzForwardedFor \
             ./connpool:FuzzChunkedReader ./internal/jsonstr:FuzzAppend ./proxy/grpcegress:FuzzServiceOf ./proxy/grpcegress:FuzzGrpcTimeout \
-            ./scheduler/store/pgstore:FuzzFirstSchema
+            ./scheduler/store/pgstore:FuzzFirstSchema ./policy:FuzzNodeBound ./proxy/listener:FuzzHeadScan ./governor/tenant:FuzzParseCursor
 
 .PHONY: run build test test-unit fuzz lint vet fmt-check bench-limits bench-proxy bench-scheduler bench-bridge bench-rls clean
 

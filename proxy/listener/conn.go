@@ -247,27 +247,22 @@ func (c *conn) handOff() {
 // header timeout (408); one whose head ends in CRLFCRLF with a bare LF
 // inside is refused by the data plane's own head scan (proxy/httpwire).
 type headScan struct {
-	done  bool // the head's end was read: nothing more to look at
-	prev  byte // the byte before the next one read
-	crlfs int  // CRLFs in a row just read: 2 end the head
+	done bool   // the head's end was read: nothing more to look at
+	last uint32 // the last four bytes read, the latest lowest
 }
+
+// crlfcrlf is headScan.last when the head has just ended.
+const crlfcrlf = '\r'<<24 | '\n'<<16 | '\r'<<8 | '\n'
 
 func (h *headScan) scan(b []byte) error {
 	for _, c := range b {
-		switch c {
-		case '\n':
-			if h.prev != '\r' {
-				return ErrBareLF
-			}
-			if h.crlfs++; h.crlfs == 2 {
-				h.done = true
-				return nil
-			}
-		case '\r':
-		default:
-			h.crlfs = 0
+		if c == '\n' && byte(h.last) != '\r' {
+			return ErrBareLF
 		}
-		h.prev = c
+		if h.last = h.last<<8 | uint32(c); h.last == crlfcrlf {
+			h.done = true
+			return nil
+		}
 	}
 	return nil
 }
