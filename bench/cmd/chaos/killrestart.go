@@ -39,8 +39,7 @@ func killRestart(ctx context.Context, s *scenario) error {
 
 	loadCtx, stopLoad := context.WithTimeout(ctx, loadFor)
 	defer stopLoad()
-	subs := make(chan *submitter, 1)
-	go func() { subs <- submitRuns(loadCtx, a.ingress, "job", rate, 8) }()
+	sub := startRuns(loadCtx, a.ingress, "job", rate, 8)
 	var killedAt []time.Time
 	var restartErr error
 	for range kills {
@@ -55,11 +54,11 @@ func killRestart(ctx context.Context, s *scenario) error {
 	}
 	if restartErr != nil {
 		stopLoad()
-		<-subs
+		sub.wait()
 		return fmt.Errorf("restart after kill -9: %w", restartErr)
 	}
-	sub := <-subs
-	out := awaitTerminal(ctx, a.ingress, sub.accepted, 90*time.Second)
+	sub.wait()
+	out := trackRuns(a.ingress, sub).finish(ctx, 90*time.Second)
 	wk.waitIdle(ctx)
 	st := wk.stats()
 

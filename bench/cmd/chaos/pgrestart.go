@@ -318,8 +318,7 @@ func pgRunStore(ctx context.Context, s *scenario) error {
 
 	loadCtx, stopLoad := context.WithCancel(ctx)
 	defer stopLoad()
-	subs := make(chan *submitter, 1)
-	go func() { subs <- submitRuns(loadCtx, a.ingress, "job", rate, 8) }()
+	sub := startRuns(loadCtx, a.ingress, "job", rate, 8)
 	if !sleep(ctx, 3*time.Second) {
 		return ctx.Err()
 	}
@@ -329,13 +328,13 @@ func pgRunStore(ctx context.Context, s *scenario) error {
 	back := time.Now()
 	if err := pg.start(ctx); err != nil {
 		stopLoad()
-		<-subs
+		sub.wait()
 		return fmt.Errorf("restart postgres: %w", err)
 	}
 	sleep(ctx, 5*time.Second)
 	stopLoad()
-	sub := <-subs
-	out := awaitTerminal(ctx, a.ingress, sub.accepted, 2*time.Minute)
+	sub.wait()
+	out := trackRuns(a.ingress, sub).finish(ctx, 2*time.Minute)
 	wk.waitIdle(ctx)
 	st := wk.stats()
 	if ok := sub.firstOKAfter(back); !ok.IsZero() {

@@ -21,17 +21,30 @@ type submitter struct {
 	refused  map[int]int // status → count, for answers other than 202
 	lost     int         // no answer at all (connection refused, reset, timeout)
 	firstErr string
+	done     chan struct{}
 }
 
-// submitRuns submits runs of definition def to ingress at rate per second
-// until ctx ends, and returns once every submit in flight has ended.
-func submitRuns(ctx context.Context, ingress, def string, rate float64, conns int) *submitter {
-	s := &submitter{refused: map[int]int{}}
+// startRuns submits runs of definition def to ingress at rate per second
+// until ctx ends; wait returns once every submit in flight has ended.
+func startRuns(ctx context.Context, ingress, def string, rate float64, conns int) *submitter {
+	s := &submitter{refused: map[int]int{}, done: make(chan struct{})}
 	hc := &fasthttp.HostClient{Addr: ingress, MaxConns: conns, MaxIdemponentCallAttempts: 1,
 		ReadTimeout: 10 * time.Second, WriteTimeout: 10 * time.Second, NoDefaultUserAgentHeader: true, MaxIdleConnDuration: time.Hour}
-	defer hc.CloseIdleConnections()
-	offer(ctx, rate, conns, func(n int) { s.submit(hc, ingress, def, n) })
+	go func() {
+		defer close(s.done)
+		defer hc.CloseIdleConnections()
+		offer(ctx, rate, conns, func(n int) { s.submit(hc, ingress, def, n) })
+	}()
 	return s
+}
+
+func (s *submitter) wait() { <-s.done }
+
+// acceptedFrom is the ids accepted after the first i.
+func (s *submitter) acceptedFrom(i int) []string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return append([]string(nil), s.accepted[i:]...)
 }
 
 func (s *submitter) submit(hc *fasthttp.HostClient, ingress, def string, n int) {
@@ -109,55 +122,82 @@ var terminal = map[string]bool{"COMPLETED": true, "FAILED": true, "FAILED_WITH_T
 
 // runOutcome is where the accepted runs ended up.
 type runOutcome struct {
-	status   map[string]int // final status (or last seen) → runs
-	lost     []string       // not terminal by the deadline, or unknown to warden
-	lastSeen map[string]string
+	status map[string]int // final status (or last seen) → runs
+	lost   []string       // not final by the deadline, or unknown to warden
 }
 
-// awaitTerminal polls every run until it is in a final state or limit
-// passes, and says which ones never got there.
-func awaitTerminal(ctx context.Context, ingress string, ids []string, limit time.Duration) runOutcome {
-	out := runOutcome{status: map[string]int{}, lastSeen: map[string]string{}}
-	hc := &fasthttp.HostClient{Addr: ingress, MaxConns: 8, ReadTimeout: 5 * time.Second, NoDefaultUserAgentHeader: true}
-	defer hc.CloseIdleConnections()
-	pending := append([]string(nil), ids...)
-	deadline := time.Now().Add(limit)
-	for len(pending) > 0 && time.Now().Before(deadline) && ctx.Err() == nil {
-		var mu sync.Mutex
-		var still []string
-		work := make(chan string)
-		var wg sync.WaitGroup
-		for range 8 {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				for id := range work {
-					st := runStatus(hc, ingress, id)
-					mu.Lock()
-					out.lastSeen[id] = st
-					if terminal[st] {
-						out.status[st]++
-					} else {
-						still = append(still, id)
-					}
-					mu.Unlock()
+// runTracker follows every run a submitter had accepted until it is in a
+// final state. Rounds during the load see each run end before a short
+// retention could purge it (a purged run answers 404, like a lost one).
+type runTracker struct {
+	ingress string
+	sub     *submitter
+	hc      *fasthttp.HostClient
+	taken   int      // how many of sub's accepted runs are tracked
+	pending []string // not final yet
+	final   map[string]int
+	last    map[string]string // the last status seen of each pending run
+}
+
+func trackRuns(ingress string, sub *submitter) *runTracker {
+	return &runTracker{ingress: ingress, sub: sub, final: map[string]int{}, last: map[string]string{},
+		hc: &fasthttp.HostClient{Addr: ingress, MaxConns: 8, ReadTimeout: 5 * time.Second, NoDefaultUserAgentHeader: true}}
+}
+
+// round reads every pending run once, the newly accepted ones included.
+// A round, once begun, is finished: each read has its own timeout.
+func (t *runTracker) round(ctx context.Context) {
+	if ctx.Err() != nil {
+		return
+	}
+	fresh := t.sub.acceptedFrom(t.taken)
+	t.taken += len(fresh)
+	t.pending = append(t.pending, fresh...)
+	var mu sync.Mutex
+	var still []string
+	work := make(chan string)
+	var wg sync.WaitGroup
+	for range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for id := range work {
+				st := runStatus(t.hc, t.ingress, id)
+				mu.Lock()
+				if terminal[st] {
+					t.final[st]++
+					delete(t.last, id)
+				} else {
+					t.last[id] = st
+					still = append(still, id)
 				}
-			}()
-		}
-		for _, id := range pending {
-			work <- id
-		}
-		close(work)
-		wg.Wait()
-		pending = still
-		if len(pending) > 0 {
-			sleep(ctx, 250*time.Millisecond)
-		}
+				mu.Unlock()
+			}
+		}()
 	}
-	for _, id := range pending {
-		out.status[out.lastSeen[id]]++
+	for _, id := range t.pending {
+		work <- id
 	}
-	out.lost = pending
+	close(work)
+	wg.Wait()
+	t.pending = still
+}
+
+// finish reads the pending runs until every one is final or limit passes,
+// and says where they all ended.
+func (t *runTracker) finish(ctx context.Context, limit time.Duration) runOutcome {
+	waitFor(ctx, limit, func() bool {
+		t.round(ctx)
+		return len(t.pending) == 0
+	})
+	t.hc.CloseIdleConnections()
+	out := runOutcome{status: map[string]int{}, lost: t.pending}
+	for st, n := range t.final {
+		out.status[st] = n
+	}
+	for _, id := range t.pending {
+		out.status[t.last[id]]++
+	}
 	return out
 }
 

@@ -79,7 +79,14 @@ func soak(ctx context.Context, s *scenario) error {
 	in := startTraffic(lctx, trafficConfig{addr: ingress, path: "/soak", conns: 8, rate: 250, warmup: 3 * time.Second})
 	out := startTraffic(lctx, trafficConfig{addr: egress, host: "up.chaos", path: "/soak", conns: 8, rate: 250, warmup: 3 * time.Second})
 	db := runPGClients(lctx, fmt.Sprintf("postgres://postgres@%s/postgres?sslmode=disable&connect_timeout=5", bridge), maxConns, 20)
-	sub := submitRuns(lctx, ingress, "job", 20, 4)
+	sub := startRuns(lctx, ingress, "job", 20, 4)
+	// Runs are read as they end: the store's one-minute retention purges
+	// them soon after.
+	runs := trackRuns(ingress, sub)
+	follow := repeat(lctx, 5*time.Second, runs.round)
+	<-lctx.Done()
+	follow.stop()
+	sub.wait()
 	in.stop()
 	out.stop()
 	db.wait()
@@ -93,13 +100,13 @@ func soak(ctx context.Context, s *scenario) error {
 	} else {
 		s.row.note("usage readings every %v in %s", sampleEvery, csv)
 	}
-	runs := awaitTerminal(ctx, ingress, sub.accepted, time.Minute)
+	ended := runs.finish(ctx, time.Minute)
 	wk.waitIdle(ctx)
 	st := wk.stats()
 	bridges.stop()
 	s.settle()
 
-	s.row.checkRuns(sub, runs, st, lanes, "")
+	s.row.checkRuns(sub, ended, st, lanes, "")
 	errs := in.errors() + out.errors() + db.errorCount() + sub.failures()
 	s.row.clientErrors = errs
 	s.row.lostRequests = in.lost() + out.lost() + sub.lost
