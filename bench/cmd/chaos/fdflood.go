@@ -12,8 +12,8 @@ import (
 	"time"
 )
 
-const floodPolicy = `ingress: { listen: %s, worker: "http://%s" }
-egress: { http_listen: %s }
+const floodPolicy = `ingress: { listen: %s, worker: "http://%s"%s }
+egress: { http_listen: %s%s }
 targets:
   - name: up
     hosts: [up.chaos]
@@ -64,7 +64,16 @@ func isTimeoutErr(err error) bool {
 // accepting (stalled) never coincides with /readyz answering 200 only.
 // A listener that refuses the flood at max_connections always accepts,
 // so its probes are refused, never stalled.
-func fdFlood(ctx context.Context, s *scenario) error {
+//
+// capped says whether the listeners keep their default max_connections
+// (derived from the file limit, so the flood is refused at the cap) or
+// get one far above the file limit, so that the flood exhausts warden's
+// descriptors and the listeners must ride out failing accepts.
+func fdFlood(capped bool) func(ctx context.Context, s *scenario) error {
+	return func(ctx context.Context, s *scenario) error { return flood(ctx, s, capped) }
+}
+
+func flood(ctx context.Context, s *scenario, capped bool) error {
 	nofile := s.pick(1024, 2048)
 	per := s.pick(3000, 12000)
 	hold := s.pickDur(5*time.Second, 10*time.Second)
@@ -73,13 +82,17 @@ func fdFlood(ctx context.Context, s *scenario) error {
 		return err
 	}
 	admin, ingress, egress := a.admin, a.ingress, a.egress
-	w, err := s.launch(ctx, policyFor(admin, fmt.Sprintf(floodPolicy, ingress, wk.addr, egress, wk.addr)), admin, nofile)
+	limit, capNote := "", "default max_connections"
+	if !capped {
+		limit, capNote = ", max_connections: 65536", "max_connections 65536"
+	}
+	w, err := s.launch(ctx, policyFor(admin, fmt.Sprintf(floodPolicy, ingress, wk.addr, limit, egress, limit, wk.addr)), admin, nofile)
 	if err != nil {
 		return err
 	}
 	pid := w.pid()
 	s.row.load = fmt.Sprintf("%d idle connects each to ingress and egress (%d in all), probes every 250 ms", per, 2*per)
-	s.row.fault = fmt.Sprintf("warden's RLIMIT_NOFILE %d, flood held %v", nofile, hold)
+	s.row.fault = fmt.Sprintf("warden's RLIMIT_NOFILE %d, %s, flood held %v", nofile, capNote, hold)
 
 	ready := pollReadyz(ctx, w)
 	defer ready.stop()
