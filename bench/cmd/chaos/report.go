@@ -154,31 +154,51 @@ func render(rows []*row, mode string) string {
 			r.triple(func(u usage) float64 { return float64(u.goroutines) }, ""),
 			r.verdict()})
 	}
+	// Long cells wrap onto more lines of their row, so that the table
+	// stays readable in a terminal.
+	wrapped := make([][][]string, len(cells)) // row, column, lines
 	width := make([]int, len(header))
-	for _, row := range cells {
-		for i, c := range row {
-			width[i] = max(width[i], len([]rune(c)))
+	for i, row := range cells {
+		wrapped[i] = make([][]string, len(row))
+		for j, c := range row {
+			wrapped[i][j] = wrap(c, cellWidth)
+			for _, l := range wrapped[i][j] {
+				width[j] = max(width[j], len([]rune(l)))
+			}
 		}
 	}
 	var b strings.Builder
 	fmt.Fprintf(&b, "make chaos (%s mode), %d CPUs, %s\n\n", mode, runtime.NumCPU(), time.Now().UTC().Format("2006-01-02 15:04 UTC"))
-	for i, row := range cells {
-		for j, c := range row {
+	rule := func(cross string) {
+		for j := range header {
 			if j > 0 {
-				b.WriteString(" | ")
+				b.WriteString(cross)
 			}
-			b.WriteString(c + strings.Repeat(" ", width[j]-len([]rune(c))))
+			b.WriteString(strings.Repeat("-", width[j]))
 		}
 		b.WriteString("\n")
-		if i == 0 {
-			for j := range row {
-				if j > 0 {
-					b.WriteString("-+-")
-				}
-				b.WriteString(strings.Repeat("-", width[j]))
-			}
-			b.WriteString("\n")
+	}
+	var line strings.Builder
+	for _, row := range wrapped {
+		height := 0
+		for _, lines := range row {
+			height = max(height, len(lines))
 		}
+		for k := range height {
+			for j, lines := range row {
+				if j > 0 {
+					line.WriteString(" | ")
+				}
+				l := ""
+				if k < len(lines) {
+					l = lines[k]
+				}
+				line.WriteString(l + strings.Repeat(" ", width[j]-len([]rune(l))))
+			}
+			b.WriteString(strings.TrimRight(line.String(), " ") + "\n")
+			line.Reset()
+		}
+		rule("-+-")
 	}
 	b.WriteString("\ninvariants (what was seen):\n")
 	failed := 0
@@ -216,4 +236,29 @@ func render(rows []*row, mode string) string {
 		b.WriteString("\n")
 	}
 	return b.String()
+}
+
+// cellWidth is where a table cell wraps.
+const cellWidth = 32
+
+// wrap breaks s into lines of at most n runes at spaces (a longer word
+// stands alone on its line).
+func wrap(s string, n int) []string {
+	var lines []string
+	line := ""
+	for _, w := range strings.Fields(s) {
+		switch {
+		case line == "":
+			line = w
+		case len([]rune(line))+1+len([]rune(w)) <= n:
+			line += " " + w
+		default:
+			lines = append(lines, line)
+			line = w
+		}
+	}
+	if line != "" || len(lines) == 0 {
+		lines = append(lines, line)
+	}
+	return lines
 }
