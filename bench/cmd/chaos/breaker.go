@@ -175,7 +175,7 @@ func breakerUpstream(ctx context.Context, s *scenario) error {
 	s.row.check("one-probe-per-half-open", probes >= 1 && maxSick <= 1,
 		"%d probes reached the failing upstream in %v, at most %d at once (each held %v)", probes, sick, maxSick, sickHold)
 	s.row.check("closes-when-back", !first.IsZero() && states.last == "closed" && len(last) > 0 && classesOf(last)["200"] == len(last),
-		"first 200 %v after the upstream healed; final state %q; last second: %s", s.row.recovery.Round(time.Millisecond), states.last, summarize(classesOf(last), ""))
+		"first 200 %s after the upstream healed; final state %q; last second: %s", s.row.recoveryCell(), states.last, summarize(classesOf(last), ""))
 	s.row.check("clients-saw-only-expected", unexpected == 0, "all answers: %s", tr.summary())
 	s.settle()
 	return nil

@@ -73,8 +73,8 @@ func pgBridge(ctx context.Context, s *scenario) error {
 	s.row.clientErrors = cl.errorCount()
 	s.row.errorsNote = "during the restart"
 	s.row.check("serves-again", !first.IsZero() && okLast > 0 && errLast == 0,
-		"%d errors after the crash (first: %.100s); first query served %v after the restart; last 2 s: %d served, %d errors",
-		cl.errorCount(), cl.firstErr, s.row.recovery.Round(time.Millisecond), okLast, errLast)
+		"%d errors after the crash (first: %.100s); first query served %s after the restart; last 2 s: %d served, %d errors",
+		cl.errorCount(), cl.firstErr, s.row.recoveryCell(), okLast, errLast)
 
 	// No slot leaked: once every client has left, max_connections new
 	// clients each hold a transaction open at the same time.
@@ -88,8 +88,8 @@ func pgBridge(ctx context.Context, s *scenario) error {
 	s.row.check("live<=max_connections", bridges.samples > 0 && bridges.maxLive <= maxConns,
 		"/v1/bridges read %d times, live at most %d, max_connections %d", bridges.samples, bridges.maxLive, maxConns)
 	s.row.check("no-slot-leaked", idle && held == maxConns && backends <= maxConns && holdErr == nil,
-		"bridge idle after the clients left: %v; then %d of %d new clients held a transaction at once (%v); server backends %d",
-		idle, held, maxConns, holdErr, backends)
+		"bridge idle after the clients left: %v; then %d of %d new clients held a transaction at once%s; server backends %d",
+		idle, held, maxConns, errNote(holdErr), backends)
 	s.settle()
 	return nil
 }

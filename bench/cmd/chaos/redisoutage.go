@@ -99,7 +99,7 @@ func redisOutage(onError string) func(ctx context.Context, s *scenario) error {
 			}
 			dg, err := w.metric(ctx, "warden_backend_degraded")
 			s.row.check("recovers", ok && r.at.Sub(back) <= recoverWithin && err == nil && dg == 0,
-				"/readyz 200 without degraded %v after Redis was back; warden_backend_degraded %v (%v)", s.row.recovery, dg, err)
+				"/readyz 200 without degraded %s after Redis was back; warden_backend_degraded %v%s", s.row.recoveryCell(), dg, errNote(err))
 		} else {
 			up := classesOf(during)["429 upstream"]
 			s.row.errorsNote = "429 upstream during the outage"
@@ -126,7 +126,7 @@ func redisOutage(onError string) func(ctx context.Context, s *scenario) error {
 			}
 			lastOK := len(last) > 0 && classesOf(last)["200"] == len(last)
 			s.row.check("recovers", !first.IsZero() && first.Sub(back) <= recoverWithin && lastOK,
-				"first 200 %v after Redis was back; last 2 s: %s", s.row.recovery, summarize(classesOf(last), ""))
+				"first 200 %s after Redis was back; last 2 s: %s", s.row.recoveryCell(), summarize(classesOf(last), ""))
 		}
 		s.settle()
 		return nil

@@ -165,6 +165,14 @@ func (r *row) checkServed(name string, eps []endpoint, res []*loadgen.Result) in
 	return errs
 }
 
+// errNote is " (err)", or nothing without an error.
+func errNote(err error) string {
+	if err == nil {
+		return ""
+	}
+	return fmt.Sprintf(" (%v)", err)
+}
+
 func firstOf(err string) string {
 	if err == "" {
 		return ""

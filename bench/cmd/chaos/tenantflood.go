@@ -76,7 +76,7 @@ func tenantFlood(ctx context.Context, s *scenario) error {
 		size = "at least " + size + " (read no further)"
 	}
 	s.row.check("tenants-view-small-fast", err == nil && code == 200 && len(body) <= tenantsViewBytes && took <= tenantsViewTime,
-		"GET /v1/tenants: %d, %s in %v (bounds %d KiB, %v) %v", code, size, took.Round(time.Millisecond),
-		tenantsViewBytes>>10, tenantsViewTime, err)
+		"GET /v1/tenants: %d, %s in %v (bounds %d KiB, %v)%s", code, size, took.Round(time.Millisecond),
+		tenantsViewBytes>>10, tenantsViewTime, errNote(err))
 	return nil
 }
