@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"path/filepath"
 	"time"
 )
 
@@ -32,16 +33,18 @@ scheduler:
 `
 
 // soakBounds are the largest trends (per minute, least squares over the
-// soak after its warm-up) that are not a leak. A leak of one goroutine,
-// descriptor or kilobyte per thousand requests at the soak's load (about
-// 600 requests/s) would break them; the short mode's window is shorter, so
-// its noise is larger and its bounds looser.
+// soak after its warm-up) that are not a leak. A leak of one descriptor or
+// goroutine per 5,000 requests, or of 100 bytes per request, at the soak's
+// load (about 550 requests/s) would break them. Pools breathe: upstream
+// connections idle for 90 s close and a burst opens them again, steps of
+// about ten descriptors that swing a ten-minute slope by about 1/min. The
+// short mode's window is shorter, so its bounds are looser.
 type soakBounds struct {
 	rssMB, fds, goroutines float64
 }
 
 var (
-	soakFull  = soakBounds{rssMB: 2, fds: 2, goroutines: 5}
+	soakFull  = soakBounds{rssMB: 2, fds: 5, goroutines: 10}
 	soakShort = soakBounds{rssMB: 8, fds: 10, goroutines: 15}
 )
 
@@ -94,11 +97,10 @@ func soak(ctx context.Context, s *scenario) error {
 		return ctx.Err()
 	}
 	tr := trend(s.smp.all(), s.row.before.at.Add(warmup))
-	csv := s.env.logDir + "/soak-usage.csv"
-	if err := writeUsage(csv, s.smp.all()); err != nil {
+	if err := writeUsage(filepath.Join(s.env.logDir, "soak-usage.csv"), s.smp.all()); err != nil {
 		s.row.note("usage readings: %v", err)
 	} else {
-		s.row.note("usage readings every %v in %s", sampleEvery, csv)
+		s.row.note("usage readings every %v in chaos-logs/soak-usage.csv", sampleEvery)
 	}
 	ended := runs.finish(ctx, time.Minute)
 	wk.waitIdle(ctx)
