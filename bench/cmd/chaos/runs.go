@@ -141,7 +141,7 @@ type runTracker struct {
 
 func trackRuns(ingress string, sub *submitter) *runTracker {
 	return &runTracker{ingress: ingress, sub: sub, final: map[string]int{}, last: map[string]string{},
-		hc: &fasthttp.HostClient{Addr: ingress, MaxConns: 8, ReadTimeout: 5 * time.Second, NoDefaultUserAgentHeader: true}}
+		hc: &fasthttp.HostClient{Addr: ingress, MaxConns: 1, ReadTimeout: 5 * time.Second, NoDefaultUserAgentHeader: true, MaxIdleConnDuration: time.Hour}}
 }
 
 // round reads every pending run once, the newly accepted ones included.
@@ -153,33 +153,19 @@ func (t *runTracker) round(ctx context.Context) {
 	fresh := t.sub.acceptedFrom(t.taken)
 	t.taken += len(fresh)
 	t.pending = append(t.pending, fresh...)
-	var mu sync.Mutex
+	// One connection, read in turn: a tracker that opened more when a
+	// round found more runs would add descriptors to warden mid-soak.
 	var still []string
-	work := make(chan string)
-	var wg sync.WaitGroup
-	for range 8 {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for id := range work {
-				st := runStatus(t.hc, t.ingress, id)
-				mu.Lock()
-				if terminal[st] {
-					t.final[st]++
-					delete(t.last, id)
-				} else {
-					t.last[id] = st
-					still = append(still, id)
-				}
-				mu.Unlock()
-			}
-		}()
-	}
 	for _, id := range t.pending {
-		work <- id
+		st := runStatus(t.hc, t.ingress, id)
+		if terminal[st] {
+			t.final[st]++
+			delete(t.last, id)
+		} else {
+			t.last[id] = st
+			still = append(still, id)
+		}
 	}
-	close(work)
-	wg.Wait()
 	t.pending = still
 }
 

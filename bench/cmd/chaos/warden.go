@@ -42,7 +42,10 @@ func (s *scenario) newWarden(policy, admin string) (*warden, error) {
 		dataDir:    filepath.Join(s.dir, "data"),
 		logPath:    filepath.Join(s.env.logDir, s.name+"-warden.log"),
 		admin:      admin,
-		client:     &http.Client{Timeout: 2 * time.Second, Transport: &http.Transport{MaxIdleConnsPerHost: 4}},
+		// Two connections at most (the sampler's scrape and one poller):
+		// the harness's own connections would otherwise come and go in
+		// warden's descriptor count.
+		client: &http.Client{Timeout: 2 * time.Second, Transport: &http.Transport{MaxConnsPerHost: 2, MaxIdleConnsPerHost: 2}},
 	}
 	if err := os.WriteFile(w.policyPath, []byte(policy), 0o644); err != nil {
 		return nil, err
