@@ -16,7 +16,7 @@ FUZZ     := ./policy:FuzzParse ./governor/bridge:FuzzParseStartup ./governor/bri
             ./connpool:FuzzChunkedReader ./internal/jsonstr:FuzzAppend ./proxy/grpcegress:FuzzServiceOf ./proxy/grpcegress:FuzzGrpcTimeout \
             ./scheduler/store/pgstore:FuzzFirstSchema ./policy:FuzzNodeBound ./proxy/listener:FuzzHeadScan ./governor/tenant:FuzzParseCursor
 
-.PHONY: run build test test-unit fuzz lint vet fmt-check bench-limits bench-proxy bench-scheduler bench-bridge bench-rls clean
+.PHONY: run build test test-unit fuzz lint vet fmt-check bench-limits bench-proxy bench-scheduler bench-bridge bench-rls chaos chaos-short chaos-deps clean
 
 run:
 	$(GO) run -ldflags '$(LDFLAGS)' ./cmd/warden run --policy $(POLICY) --data-dir $(DATA_DIR)
@@ -97,6 +97,24 @@ bench-proxy: build
 	@command -v haproxy >/dev/null 2>&1 || DEBIAN_FRONTEND=noninteractive apt-get install -y haproxy >/dev/null || echo "haproxy missing: its row stays empty"
 	$(GO) test -run='^$$' -bench='IngressHandler|EgressHandler' -benchmem -count=1 ./proxy/ingress ./proxy/egress | tee bench/out/proxy-allocs.txt
 	$(GO) run ./bench/cmd/benchproxy -warden bin/warden -out bench/out
+
+# The reliability figures (bench/README.md): the built binary through
+# faults and hostile load, with a private redis-server and a private
+# Postgres (initdb) of its own; prints one table (bench/out/chaos.txt) and
+# exits 1 naming any invariant that failed. CHAOS_FLAGS passes flags, e.g.
+# -run 'redis|breaker'; chaos-short is the few minutes .ci/run spends.
+CHAOS_FLAGS ?=
+chaos: build chaos-deps
+	@mkdir -p bench/out
+	$(GO) build -o bench/out/chaos ./bench/cmd/chaos
+	bench/out/chaos -warden bin/warden -out bench/out $(CHAOS_FLAGS)
+
+chaos-short:
+	$(MAKE) chaos CHAOS_FLAGS="-short $(CHAOS_FLAGS)"
+
+chaos-deps:
+	@command -v redis-server >/dev/null 2>&1 || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server >/dev/null)
+	@ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql >/dev/null)
 
 clean:
 	rm -rf bin bench/out
