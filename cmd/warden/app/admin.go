@@ -1,8 +1,9 @@
 package app
 
 import (
-	"fmt"
+	"errors"
 	"net/http"
+	"strings"
 	"time"
 
 	"github.com/warden-dev/warden/governor/tenant"
@@ -128,12 +129,18 @@ func (a *App) ready() error {
 	default:
 		return errStarting
 	}
+	// Every component that cannot serve is named, not just the first: a
+	// file-descriptor flood stops the ingress and the egress together.
+	var down []string
 	for _, comp := range a.components {
 		if r, ok := comp.(interface{ Ready() error }); ok {
 			if err := r.Ready(); err != nil {
-				return fmt.Errorf("%s: %w", comp.Name(), err)
+				down = append(down, comp.Name()+": "+err.Error())
 			}
 		}
+	}
+	if len(down) > 0 {
+		return errors.New(strings.Join(down, "; "))
 	}
 	return nil
 }
