@@ -35,10 +35,10 @@ version: 1
 
 // Bounds of the reload storm.
 const (
-	stormRSSGrowth   = 100 << 20 // what a refused file may cost in memory at its peak
-	stormPolicyBytes = 64 << 10  // GET /v1/policy, its error list included
-	stormLogBytes    = 8 << 20   // what the storm may add to warden's log
-	hugeEntries      = 250_000   // tenants in the huge invalid file, two errors each
+	stormRSSGrowth   = 100e6    // bytes a refused file may cost in memory at its peak
+	stormPolicyBytes = 64 << 10 // GET /v1/policy, its error list included
+	stormLogBytes    = 8e6      // bytes the storm may add to warden's log
+	hugeEntries      = 250_000  // tenants in the huge invalid file, two errors each
 )
 
 // reloadStorm: the policy file is rewritten in place every 100 ms, valid
@@ -145,7 +145,7 @@ func reloadStorm(ctx context.Context, s *scenario) error {
 	s.row.clientErrors = s.row.checkServed("no-client-errors", listeners, goods)
 	grew := s.row.peak.rss - s.row.before.rss
 	s.row.check("memory-bounded", s.row.before.rss > 0 && grew <= stormRSSGrowth,
-		"RSS %d MB before, peak %d MB: grew %d MB (bound %d MB)", s.row.before.rss>>20, s.row.peak.rss>>20, grew>>20, stormRSSGrowth>>20)
+		"RSS %s before, peak %s: grew %s (bound %s)", mb(s.row.before.rss), mb(s.row.peak.rss), mb(grew), mb(stormRSSGrowth))
 	s.row.check("huge-file-refused", hugeWrites > 0 && hugeMissed == 0,
 		"%d huge files written, %d not refused within 60 s", hugeWrites, hugeMissed)
 	s.row.check("last-valid-in-force", inForce && got.reloadErrorEmpty(),
@@ -154,7 +154,7 @@ func reloadStorm(ctx context.Context, s *scenario) error {
 	s.row.check("error-report-bounded", policyMax > 0 && policyMax <= stormPolicyBytes,
 		"GET /v1/policy at most %d bytes during the storm (bound %d KiB)", policyMax, stormPolicyBytes>>10)
 	logGrew := fileSize(w.logPath) - logBefore
-	s.row.check("log-bounded", logGrew <= stormLogBytes, "warden's log grew %d KB (bound %d MB)", logGrew>>10, stormLogBytes>>20)
+	s.row.check("log-bounded", logGrew <= stormLogBytes, "warden's log grew %s (bound %s)", mb(logGrew), mb(stormLogBytes))
 	return nil
 }
 

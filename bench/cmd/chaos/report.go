@@ -82,6 +82,9 @@ func (r *row) verdict() string {
 	return "PASS"
 }
 
+// mb shows bytes in decimal megabytes, as the table's RSS column does.
+func mb[T int64 | float64](bytes T) string { return fmt.Sprintf("%.0f MB", float64(bytes)/1e6) }
+
 func count(n int) string {
 	if n == na {
 		return "-"

@@ -22,7 +22,7 @@ const (
 	// instead: the load alone grows RSS by about 15 MB (the GC's 16 MiB
 	// heap floor filling up); on main 400,000 tenants grow it by 54 MB
 	// before the view and by hundreds of MB with it.
-	tenantRSSGrowth  = 32 << 20
+	tenantRSSGrowth  = 32e6
 	tenantsViewBytes = 256 << 10
 	tenantsViewTime  = 2 * time.Second
 )
@@ -69,8 +69,8 @@ func tenantFlood(ctx context.Context, s *scenario) error {
 	s.row.clientErrors = tr.errors()
 	s.row.lostRequests = tr.lost()
 	s.row.check("rss-bounded", s.row.before.rss > 0 && grew <= tenantRSSGrowth,
-		"RSS %d MB before, %d MB after the flood, peak %d MB (the GET included): grew %d MB, bound %d MB; answers %s",
-		s.row.before.rss>>20, flooded.rss>>20, s.row.peak.rss>>20, grew>>20, tenantRSSGrowth>>20, tr.summary())
+		"RSS %s before, %s after the flood, peak %s (the GET included): grew %s, bound %s; answers %s",
+		mb(s.row.before.rss), mb(flooded.rss), mb(s.row.peak.rss), mb(grew), mb(tenantRSSGrowth), tr.summary())
 	size := fmt.Sprintf("%d bytes", len(body))
 	if len(body) == tenantsViewBytes<<8 {
 		size = "at least " + size + " (read no further)"
