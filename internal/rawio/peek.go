@@ -24,6 +24,9 @@ const (
 // a read whose deadline has passed before it asks the kernel. Peek never
 // waits, whatever c's deadlines, and may run while c is being read.
 func Peek(c net.Conn) Peeked {
+	if p, ok := c.(peeker); ok {
+		return p.peek()
+	}
 	sc, ok := c.(syscall.Conn)
 	if !ok {
 		return PeekUnknown
@@ -34,3 +37,6 @@ func Peek(c net.Conn) Peeked {
 	}
 	return peek(rc)
 }
+
+// peeker is a raw connection, which peeks without allocating.
+type peeker interface{ peek() Peeked }

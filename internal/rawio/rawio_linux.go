@@ -13,9 +13,11 @@ type conn struct {
 	*net.TCPConn
 	rc     syscall.RawConn
 	rd, wr op // net.Conn allows a Read and a Write at once
+	pk     peekOp
 	// The attempts RawConn runs, as method values bound once, so that a
 	// call allocates nothing.
 	read, write, writeThenWait func(fd uintptr) bool
+	peekAt                     func(fd uintptr)
 }
 
 // op is one direction's call in progress. RawConn runs an attempt until it
@@ -33,6 +35,7 @@ func wrap(tc *net.TCPConn, rc syscall.RawConn) net.Conn {
 	c.read = c.rd.read
 	c.write = c.wr.write
 	c.writeThenWait = c.wr.writeThenWait
+	c.peekAt = c.pk.at
 	return c
 }
 
@@ -179,3 +182,5 @@ func (o *op) writeThenWait(fd uintptr) bool {
 	}
 	return true // no room, or a failed call: Write finishes or reports it
 }
+
+func (c *conn) peek() Peeked { return c.pk.run(c.rc, c.peekAt) }

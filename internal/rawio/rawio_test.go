@@ -293,6 +293,17 @@ func TestNoAllocations(t *testing.T) {
 	if allocs != 0 {
 		t.Fatalf("%v allocations per write and read, want 0", allocs)
 	}
+	// A pool peeks at every connection it hands out.
+	for _, c := range []net.Conn{a, b} {
+		allocs = testing.AllocsPerRun(1000, func() {
+			if got := Peek(c); got != PeekNothing {
+				t.Fatalf("Peek of %T = %v, want PeekNothing", c, got)
+			}
+		})
+		if allocs != 0 {
+			t.Fatalf("%v allocations per Peek of %T, want 0", allocs, c)
+		}
+	}
 
 	// An exchange with an echoing peer: request out with
 	// WriteAwaitingReply, reply in with Read.
