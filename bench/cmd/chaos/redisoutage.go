@@ -60,6 +60,9 @@ func redisOutage(onError string) func(ctx context.Context, s *scenario) error {
 		if !sleep(ctx, outage) {
 			return ctx.Err()
 		}
+		// The outage ends when redis-server is started, not when this
+		// process first sees it answer: warden may reach it sooner.
+		restart := time.Now()
 		if err := red.start(ctx); err != nil {
 			return fmt.Errorf("restart redis: %w", err)
 		}
@@ -74,8 +77,8 @@ func redisOutage(onError string) func(ctx context.Context, s *scenario) error {
 		tr.stop()
 		ready.stop()
 
-		during := tr.between(down.Add(detectWithin), back)
-		readyDuring := ready.between(down.Add(detectWithin), back)
+		during := tr.between(down.Add(detectWithin), restart)
+		readyDuring := ready.between(down.Add(detectWithin), restart)
 		s.row.clientErrors = tr.errors()
 		s.row.lostRequests = tr.lost()
 		last := tr.between(end.Add(-2*time.Second), end)
