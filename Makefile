@@ -8,10 +8,10 @@ FUZZTIME ?= 10s
 VERSION  ?= $(shell git describe --tags --always --dirty 2>/dev/null)
 LDFLAGS  := -X main.version=$(VERSION)
 # Packages with fuzz targets and the targets to run briefly on every test run.
-FUZZ     := ./policy:FuzzParse ./governor/bridge:FuzzParseStartup ./governor/bridge:FuzzScanners ./proxy/rls:FuzzShouldRateLimit \
+FUZZ     := ./policy:FuzzParse ./proxy/bridge:FuzzParseStartup ./proxy/bridge:FuzzScanners ./proxy/rls:FuzzShouldRateLimit \
             ./scheduler:FuzzParseSubmit ./governor/retry:FuzzRetryAfter ./scheduler:FuzzKeyExpr ./scheduler:FuzzLookupJSON ./scheduler/store:FuzzDecode \
             ./proxy/httpwire:FuzzScanRequestHeaders ./proxy/httpwire:FuzzStripRequest ./proxy/httpwire:FuzzAddDate \
-            ./proxy/httpwire:FuzzAuthority ./proxy/httpwire:FuzzSplitAbsoluteForm ./proxy/httpwire:FuzzMaxForwards \
+            ./internal/hostport:FuzzAuthority ./proxy/httpwire:FuzzSplitAbsoluteForm ./proxy/httpwire:FuzzMaxForwards \
             ./proxy/httpwire:FuzzForwardedFor \
             ./connpool:FuzzChunkedReader ./internal/jsonstr:FuzzAppend ./proxy/grpcegress:FuzzServiceOf ./proxy/grpcegress:FuzzGrpcTimeout \
             ./scheduler/store/pgstore:FuzzFirstSchema ./policy:FuzzNodeBound ./proxy/listener:FuzzHeadScan ./governor/tenant:FuzzParseCursor
@@ -69,7 +69,7 @@ bench-bridge:
 	@command -v pgbench >/dev/null || (apt-get update -qq && apt-get install -y postgresql-client)
 	@command -v pgbouncer >/dev/null || (apt-get update -qq && apt-get install -y pgbouncer)
 	@mkdir -p bench/out
-	$(GO) test -run='^$$' -bench=RoundTrip -benchmem -cpu=1,2 -count=1 ./governor/bridge/ | tee bench/out/bridge-go.txt
+	$(GO) test -run='^$$' -bench=RoundTrip -benchmem -cpu=1,2 -count=1 ./proxy/bridge/ | tee bench/out/bridge-go.txt
 	$(GO) run ./bench/cmd/benchbridge | tee bench/out/bridge.txt
 
 # Shared windows through Redis and the Envoy RLS (needs redis-server and

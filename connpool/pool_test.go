@@ -23,8 +23,8 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/warden-dev/warden/governor/clock"
-	"github.com/warden-dev/warden/internal/fasttest"
-	"github.com/warden-dev/warden/internal/loopback"
+	"github.com/warden-dev/warden/internal/testkit/fasttest"
+	"github.com/warden-dev/warden/internal/testkit/loopback"
 	"github.com/warden-dev/warden/internal/rawio"
 )
 

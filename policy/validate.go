@@ -8,7 +8,7 @@ import (
 	"sort"
 	"strings"
 
-	"github.com/warden-dev/warden/proxy/httpwire"
+	"github.com/warden-dev/warden/internal/hostport"
 )
 
 // validate runs the checks that relate values to each other: conditional
@@ -140,7 +140,7 @@ func (v *validator) targets() {
 			// Compared as the egress matches requests (case, a port's
 			// leading zeros, IPv6 spelling); a host it cannot match is
 			// reported by checkHost.
-			key, err := httpwire.HostKey(h)
+			key, err := hostport.Key(h)
 			if err != nil {
 				key = h
 			}

@@ -8,7 +8,7 @@ import (
 	"github.com/valyala/fasthttp"
 	"go.uber.org/goleak"
 
-	"github.com/warden-dev/warden/internal/fasttest"
+	"github.com/warden-dev/warden/internal/testkit/fasttest"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m, fasttest.LeakOptions()...) }

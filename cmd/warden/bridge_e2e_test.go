@@ -16,8 +16,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/warden-dev/warden/internal/loopback"
-	"github.com/warden-dev/warden/internal/testenv"
+	"github.com/warden-dev/warden/internal/testkit/loopback"
+	"github.com/warden-dev/warden/internal/testkit/testenv"
 )
 
 // The built binary with a postgres bridge: psql (and pgx) get through it,

@@ -17,7 +17,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/warden-dev/warden/internal/loopback"
+	"github.com/warden-dev/warden/internal/testkit/loopback"
 	"go.uber.org/goleak"
 )
 

@@ -4,7 +4,7 @@ import (
 	"bufio"
 	"context"
 	"fmt"
-	"github.com/warden-dev/warden/internal/loopback"
+	"github.com/warden-dev/warden/internal/testkit/loopback"
 	"io"
 	"net"
 	"net/http"

@@ -5,9 +5,9 @@ import (
 	"time"
 
 	"github.com/warden-dev/warden/governor/backend/redisx"
-	"github.com/warden-dev/warden/governor/backend/redisx/redistest"
+	"github.com/warden-dev/warden/internal/testkit/redistest"
 	"github.com/warden-dev/warden/governor/clock"
-	"github.com/warden-dev/warden/internal/testenv"
+	"github.com/warden-dev/warden/internal/testkit/testenv"
 )
 
 // BenchmarkRedisTakeParallel is shared admissions through Redis with many

@@ -14,10 +14,10 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/warden-dev/warden/governor/backend/redisx"
-	"github.com/warden-dev/warden/governor/backend/redisx/redistest"
+	"github.com/warden-dev/warden/internal/testkit/redistest"
 	"github.com/warden-dev/warden/governor/clock"
 	"github.com/warden-dev/warden/governor/metrics"
-	"github.com/warden-dev/warden/internal/testenv"
+	"github.com/warden-dev/warden/internal/testkit/testenv"
 )
 
 // newRedis returns a Redis counter on url under prefix, closed with the test.

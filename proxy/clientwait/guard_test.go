@@ -9,7 +9,7 @@ import (
 
 	"github.com/warden-dev/warden/connpool"
 	"github.com/warden-dev/warden/governor/clock"
-	"github.com/warden-dev/warden/internal/fasttest"
+	"github.com/warden-dev/warden/internal/testkit/fasttest"
 	"github.com/warden-dev/warden/internal/rawio"
 )
 

@@ -13,8 +13,8 @@ import (
 
 	"github.com/valyala/fasthttp"
 
-	"github.com/warden-dev/warden/internal/fasttest"
-	"github.com/warden-dev/warden/internal/loopback"
+	"github.com/warden-dev/warden/internal/testkit/fasttest"
+	"github.com/warden-dev/warden/internal/testkit/loopback"
 )
 
 const flakyBreaker = "circuit_breaker: { enabled: true, failure_ratio: 0.5, minimum_requests: 4, window: 30s, open: 5s, max_open: 60s }"

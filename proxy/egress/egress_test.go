@@ -17,8 +17,8 @@ import (
 
 	"github.com/valyala/fasthttp"
 
-	"github.com/warden-dev/warden/internal/fasttest"
-	"github.com/warden-dev/warden/internal/loopback"
+	"github.com/warden-dev/warden/internal/testkit/fasttest"
+	"github.com/warden-dev/warden/internal/testkit/loopback"
 	"github.com/warden-dev/warden/proxy/forward"
 )
 

@@ -9,6 +9,7 @@ import (
 	"github.com/valyala/fasthttp"
 
 	"github.com/warden-dev/warden/connpool"
+	"github.com/warden-dev/warden/internal/hostport"
 	"github.com/warden-dev/warden/proxy/admit"
 	"github.com/warden-dev/warden/proxy/httpwire"
 	"github.com/warden-dev/warden/proxy/respond"
@@ -144,17 +145,17 @@ func (e *Egress) readHead(ctx *fasthttp.RequestCtx, tb *table, hd *head, start t
 		}
 		hd.authority = h.Host()
 	}
-	hostport, hostLen, ok := httpwire.AppendHostPort(hd.ab[:0], hd.authority, defaultPort(hd.https))
+	hp, hostLen, ok := hostport.Append(hd.ab[:0], hd.authority, defaultPort(hd.https))
 	if !ok {
 		e.refuseAt(ctx, fasthttp.StatusBadRequest, "target host "+strconv.Quote(string(hd.authority))+" is not a host[:port]", start)
 		return false
 	}
-	hd.n = len(hostport)
-	r := e.route(ctx, tb, hostport, hostLen, start)
+	hd.n = len(hp)
+	r := e.route(ctx, tb, hp, hostLen, start)
 	if r == nil {
 		return false
 	}
-	if r.fixed == nil && tb.loops(hostport, hostLen) {
+	if r.fixed == nil && tb.loops(hp, hostLen) {
 		e.refuseAt(ctx, fasthttp.StatusBadRequest, "request addressed to the egress listener itself", start)
 		return false
 	}
@@ -277,8 +278,8 @@ func (e *Egress) refuseAdmission(ctx *fasthttp.RequestCtx, r *route, ref admit.R
 	}
 }
 
-// loops reports whether a request for hostport would come back to this
+// loops reports whether a request for hp would come back to this
 // listener.
-func (tb *table) loops(hostport []byte, hostLen int) bool {
-	return httpwire.SelfAddressed(tb.self, hostport, hostLen)
+func (tb *table) loops(hp []byte, hostLen int) bool {
+	return hostport.SelfAddressed(tb.self, hp, hostLen)
 }

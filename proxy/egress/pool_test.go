@@ -11,7 +11,7 @@ import (
 
 	"github.com/valyala/fasthttp"
 
-	"github.com/warden-dev/warden/internal/fasttest"
+	"github.com/warden-dev/warden/internal/testkit/fasttest"
 	"github.com/warden-dev/warden/proxy/clientwait"
 )
 

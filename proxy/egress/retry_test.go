@@ -12,7 +12,7 @@ import (
 
 	"github.com/valyala/fasthttp"
 
-	"github.com/warden-dev/warden/internal/fasttest"
+	"github.com/warden-dev/warden/internal/testkit/fasttest"
 )
 
 func retryFixture(t *testing.T, retry string, h fasthttp.RequestHandler) (*fixture, *fasttest.Upstream) {

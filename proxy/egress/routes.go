@@ -10,8 +10,8 @@ import (
 	"github.com/warden-dev/warden/connpool"
 	"github.com/warden-dev/warden/governor"
 	"github.com/warden-dev/warden/governor/tenant"
+	"github.com/warden-dev/warden/internal/hostport"
 	"github.com/warden-dev/warden/proxy/admit"
-	"github.com/warden-dev/warden/proxy/httpwire"
 )
 
 // unlistedName labels requests to hosts no target lists. A target name
@@ -80,7 +80,7 @@ func (e *Egress) build(c *governor.Controls) (*table, error) {
 			tb.fixedPools["t:"+pt.Name] = true
 		}
 		for _, h := range pt.Hosts {
-			key, err := httpwire.HostKey(h)
+			key, err := hostport.Key(h)
 			if err != nil {
 				return nil, fmt.Errorf("target %s: %w", pt.Name, err)
 			}

@@ -9,6 +9,7 @@ import (
 
 	"github.com/warden-dev/warden/connpool"
 	"github.com/warden-dev/warden/governor/breaker"
+	"github.com/warden-dev/warden/internal/hostport"
 	"github.com/warden-dev/warden/proxy/admit"
 	"github.com/warden-dev/warden/proxy/clientwait"
 	"github.com/warden-dev/warden/proxy/httpwire"
@@ -28,7 +29,7 @@ const defaultConnectTimeout = 10 * time.Second
 func (e *Egress) connect(ctx *fasthttp.RequestCtx, tb *table, scan httpwire.Scan) {
 	authority := ctx.Request.Header.RequestURI()
 	var ab [maxAuthority]byte
-	hostport, hostLen, ok := httpwire.AppendHostPort(ab[:0], authority, "443")
+	hostport, hostLen, ok := hostport.Append(ab[:0], authority, "443")
 	if !ok {
 		e.refuse(ctx, fasthttp.StatusBadRequest, "CONNECT target "+strconv.Quote(string(authority))+" is not host:port")
 		return

@@ -7,7 +7,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/warden-dev/warden/internal/fasttest"
+	"github.com/warden-dev/warden/internal/testkit/fasttest"
 )
 
 // TestUpgrade: a request that asks to switch protocols, in origin-form or

@@ -23,7 +23,7 @@ import (
 
 	"github.com/warden-dev/warden/governor"
 	"github.com/warden-dev/warden/governor/clock"
-	"github.com/warden-dev/warden/internal/fasttest"
+	"github.com/warden-dev/warden/internal/testkit/fasttest"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m, fasttest.LeakOptions()...) }

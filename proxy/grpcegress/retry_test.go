@@ -18,8 +18,8 @@ import (
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
-	"github.com/warden-dev/warden/internal/fasttest"
-	"github.com/warden-dev/warden/internal/loopback"
+	"github.com/warden-dev/warden/internal/testkit/fasttest"
+	"github.com/warden-dev/warden/internal/testkit/loopback"
 )
 
 const grpcRetry = "retry: { count: 2, logic: fixed, delay: 0s, budget: 1, non_retryable: [do not retry] }"

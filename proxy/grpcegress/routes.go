@@ -11,9 +11,9 @@ import (
 
 	"github.com/warden-dev/warden/governor"
 	"github.com/warden-dev/warden/governor/tenant"
+	"github.com/warden-dev/warden/internal/hostport"
 	"github.com/warden-dev/warden/policy"
 	"github.com/warden-dev/warden/proxy/admit"
-	"github.com/warden-dev/warden/proxy/httpwire"
 )
 
 const unlistedName = "_unlisted"
@@ -43,7 +43,7 @@ func (tb *table) lookup(service string, authority string) *route {
 		return r
 	}
 	var b [300]byte
-	if hp, n, ok := httpwire.AppendHostPort(b[:0], []byte(authority), "80"); ok {
+	if hp, n, ok := hostport.Append(b[:0], []byte(authority), "80"); ok {
 		if r := tb.byHost[string(hp)]; r != nil {
 			return r
 		}
@@ -58,8 +58,8 @@ func (tb *table) lookup(service string, authority string) *route {
 // this listener.
 func (tb *table) loops(authority string) bool {
 	var b [300]byte
-	hp, n, ok := httpwire.AppendHostPort(b[:0], []byte(authority), "80")
-	return ok && httpwire.SelfAddressed(tb.self, hp, n)
+	hp, n, ok := hostport.Append(b[:0], []byte(authority), "80")
+	return ok && hostport.SelfAddressed(tb.self, hp, n)
 }
 
 func (g *Grpc) build(c *governor.Controls) (*table, error) {
@@ -78,7 +78,7 @@ func (g *Grpc) build(c *governor.Controls) (*table, error) {
 			tb.byService[pt.GRPCService] = r
 		}
 		for _, h := range pt.Hosts {
-			key, err := httpwire.HostKey(h)
+			key, err := hostport.Key(h)
 			if err != nil {
 				return nil, fmt.Errorf("target %s: %w", pt.Name, err)
 			}

@@ -9,7 +9,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/warden-dev/warden/internal/fasttest"
+	"github.com/warden-dev/warden/internal/testkit/fasttest"
 )
 
 var upgradeHead = fasttest.UpgradeHead("/ws", "worker.test")

@@ -21,7 +21,7 @@ import (
 
 	"github.com/warden-dev/warden/governor/clock"
 	"github.com/warden-dev/warden/governor/metrics"
-	"github.com/warden-dev/warden/internal/fasttest"
+	"github.com/warden-dev/warden/internal/testkit/fasttest"
 	"github.com/warden-dev/warden/policy"
 )
 

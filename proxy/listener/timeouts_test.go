@@ -16,7 +16,7 @@ import (
 	"golang.org/x/net/http2"
 
 	"github.com/warden-dev/warden/governor/metrics"
-	"github.com/warden-dev/warden/internal/fasttest"
+	"github.com/warden-dev/warden/internal/testkit/fasttest"
 	"github.com/warden-dev/warden/policy"
 )
 

@@ -9,7 +9,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/warden-dev/warden/scheduler/store"
-	"github.com/warden-dev/warden/scheduler/store/storetest"
+	"github.com/warden-dev/warden/internal/testkit/storetest"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }

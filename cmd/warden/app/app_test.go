@@ -13,7 +13,7 @@ import (
 
 	"go.uber.org/goleak"
 
-	"github.com/warden-dev/warden/internal/fasttest"
+	"github.com/warden-dev/warden/internal/testkit/fasttest"
 )
 
 // fasthttp's process-wide helpers (the server date ticker of the ingress in

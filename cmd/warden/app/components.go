@@ -4,7 +4,7 @@ import (
 	"context"
 
 	"github.com/warden-dev/warden/governor"
-	"github.com/warden-dev/warden/governor/bridge"
+	"github.com/warden-dev/warden/proxy/bridge"
 	"github.com/warden-dev/warden/proxy/egress"
 	"github.com/warden-dev/warden/proxy/grpcegress"
 	"github.com/warden-dev/warden/proxy/ingress"

@@ -16,7 +16,7 @@ import (
 	"testing"
 
 	"github.com/warden-dev/warden/governor/clock"
-	"github.com/warden-dev/warden/internal/fasttest"
+	"github.com/warden-dev/warden/internal/testkit/fasttest"
 )
 
 // reloadTokenEnv names the admin token variable of these tests' policies.

@@ -11,7 +11,7 @@ import (
 	"time"
 
 	"github.com/warden-dev/warden/governor/clock"
-	"github.com/warden-dev/warden/internal/fasttest"
+	"github.com/warden-dev/warden/internal/testkit/fasttest"
 	"github.com/warden-dev/warden/scheduler"
 )
 

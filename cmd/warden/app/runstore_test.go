@@ -12,7 +12,7 @@ import (
 	"time"
 
 	"github.com/warden-dev/warden/governor/clock"
-	"github.com/warden-dev/warden/scheduler/store/pgstore/pgtest"
+	"github.com/warden-dev/warden/internal/testkit/pgtest"
 )
 
 // tcpRelay forwards a loopback port to Postgres and can be cut and

@@ -16,7 +16,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/warden-dev/warden/internal/loopback"
+	"github.com/warden-dev/warden/internal/testkit/loopback"
 	"github.com/warden-dev/warden/proxy/grpcegress"
 )
 

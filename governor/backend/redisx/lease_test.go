@@ -7,9 +7,9 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/warden-dev/warden/governor/backend/redisx/redistest"
+	"github.com/warden-dev/warden/internal/testkit/redistest"
 	"github.com/warden-dev/warden/governor/clock"
-	"github.com/warden-dev/warden/internal/testenv"
+	"github.com/warden-dev/warden/internal/testkit/testenv"
 )
 
 func openAt(t *testing.T, url string, clk clock.Clock, ttl time.Duration) *Client {

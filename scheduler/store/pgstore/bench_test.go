@@ -8,7 +8,7 @@ import (
 
 	"github.com/warden-dev/warden/scheduler/store"
 	"github.com/warden-dev/warden/scheduler/store/pgstore"
-	"github.com/warden-dev/warden/scheduler/store/pgstore/pgtest"
+	"github.com/warden-dev/warden/internal/testkit/pgtest"
 )
 
 // BenchmarkClaimCycle is one admission on the shared queue: a claim (lanes,

@@ -16,7 +16,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgproto3"
-	"github.com/warden-dev/warden/connpool/dbpool"
+	"github.com/warden-dev/warden/proxy/bridge/dbpool"
 	"github.com/warden-dev/warden/internal/rawio"
 )
 

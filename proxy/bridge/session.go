@@ -9,7 +9,7 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/warden-dev/warden/connpool/dbpool"
+	"github.com/warden-dev/warden/proxy/bridge/dbpool"
 	"github.com/warden-dev/warden/governor/clock"
 	"github.com/warden-dev/warden/internal/rawio"
 )

@@ -15,7 +15,7 @@ import (
 	"github.com/jackc/pgx/v5/pgproto3"
 
 	"github.com/warden-dev/warden/governor/clock"
-	"github.com/warden-dev/warden/internal/loopback"
+	"github.com/warden-dev/warden/internal/testkit/loopback"
 	"github.com/warden-dev/warden/policy"
 )
 

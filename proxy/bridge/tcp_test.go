@@ -9,7 +9,7 @@ import (
 	"time"
 
 	"github.com/warden-dev/warden/governor/clock"
-	"github.com/warden-dev/warden/internal/loopback"
+	"github.com/warden-dev/warden/internal/testkit/loopback"
 	"github.com/warden-dev/warden/policy"
 )
 

@@ -10,7 +10,7 @@ import (
 	"testing"
 
 	"github.com/warden-dev/warden/governor/metrics"
-	"github.com/warden-dev/warden/internal/loopback"
+	"github.com/warden-dev/warden/internal/testkit/loopback"
 )
 
 // RogueUpstream answers every request with its path as the body and, when

@@ -9,7 +9,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/warden-dev/warden/connpool/dbpool"
+	"github.com/warden-dev/warden/proxy/bridge/dbpool"
 )
 
 // maxEarly bounds what a waiting client may send before it has a

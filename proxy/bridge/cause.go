@@ -6,7 +6,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgproto3"
 
-	"github.com/warden-dev/warden/connpool/dbpool"
+	"github.com/warden-dev/warden/proxy/bridge/dbpool"
 )
 
 // Reap reasons: the `reason` label of warden_bridge_reaped_total and the

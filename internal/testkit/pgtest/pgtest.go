@@ -13,7 +13,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/warden-dev/warden/internal/testenv"
+	"github.com/warden-dev/warden/internal/testkit/testenv"
 )
 
 // SchemaURL returns the test database's URL with search_path set to a

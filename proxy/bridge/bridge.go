@@ -12,7 +12,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/warden-dev/warden/connpool/dbpool"
+	"github.com/warden-dev/warden/proxy/bridge/dbpool"
 	"github.com/warden-dev/warden/internal/accept"
 	"github.com/warden-dev/warden/policy"
 )

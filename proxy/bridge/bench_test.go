@@ -11,7 +11,7 @@ import (
 
 	"github.com/warden-dev/warden/governor"
 	"github.com/warden-dev/warden/governor/clock"
-	"github.com/warden-dev/warden/internal/loopback"
+	"github.com/warden-dev/warden/internal/testkit/loopback"
 	"github.com/warden-dev/warden/policy"
 )
 

@@ -20,7 +20,7 @@ import (
 
 	"github.com/warden-dev/warden/governor/clock"
 	"github.com/warden-dev/warden/governor/metrics"
-	"github.com/warden-dev/warden/internal/testenv"
+	"github.com/warden-dev/warden/internal/testkit/testenv"
 	"github.com/warden-dev/warden/policy"
 )
 
