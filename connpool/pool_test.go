@@ -23,9 +23,9 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/warden-dev/warden/governor/clock"
+	"github.com/warden-dev/warden/internal/rawio"
 	"github.com/warden-dev/warden/internal/testkit/fasttest"
 	"github.com/warden-dev/warden/internal/testkit/loopback"
-	"github.com/warden-dev/warden/internal/rawio"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m, fasttest.LeakOptions()...) }

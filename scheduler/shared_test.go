@@ -19,9 +19,9 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/warden-dev/warden/internal/testkit/loopback"
+	"github.com/warden-dev/warden/internal/testkit/pgtest"
 	"github.com/warden-dev/warden/scheduler/store"
 	"github.com/warden-dev/warden/scheduler/store/pgstore"
-	"github.com/warden-dev/warden/internal/testkit/pgtest"
 )
 
 // sharedDB is one schema of the test database for one test: its URL (with

@@ -26,12 +26,12 @@ import (
 	"golang.org/x/time/rate"
 
 	"github.com/warden-dev/warden/governor/backend/redisx"
-	"github.com/warden-dev/warden/internal/testkit/redistest"
 	"github.com/warden-dev/warden/governor/breaker"
 	"github.com/warden-dev/warden/governor/clock"
 	"github.com/warden-dev/warden/governor/pool"
 	"github.com/warden-dev/warden/governor/tenant"
 	"github.com/warden-dev/warden/governor/window"
+	"github.com/warden-dev/warden/internal/testkit/redistest"
 	"github.com/warden-dev/warden/internal/testkit/testenv"
 	"github.com/warden-dev/warden/policy"
 )

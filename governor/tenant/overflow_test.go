@@ -9,10 +9,10 @@ import (
 	dto "github.com/prometheus/client_model/go"
 
 	"github.com/warden-dev/warden/governor/backend/redisx"
-	"github.com/warden-dev/warden/internal/testkit/redistest"
 	"github.com/warden-dev/warden/governor/clock"
 	"github.com/warden-dev/warden/governor/metrics"
 	"github.com/warden-dev/warden/governor/window"
+	"github.com/warden-dev/warden/internal/testkit/redistest"
 	"github.com/warden-dev/warden/internal/testkit/testenv"
 	"github.com/warden-dev/warden/policy"
 )

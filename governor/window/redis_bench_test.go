@@ -5,8 +5,8 @@ import (
 	"time"
 
 	"github.com/warden-dev/warden/governor/backend/redisx"
-	"github.com/warden-dev/warden/internal/testkit/redistest"
 	"github.com/warden-dev/warden/governor/clock"
+	"github.com/warden-dev/warden/internal/testkit/redistest"
 	"github.com/warden-dev/warden/internal/testkit/testenv"
 )
 

@@ -14,9 +14,9 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/warden-dev/warden/governor/backend/redisx"
-	"github.com/warden-dev/warden/internal/testkit/redistest"
 	"github.com/warden-dev/warden/governor/clock"
 	"github.com/warden-dev/warden/governor/metrics"
+	"github.com/warden-dev/warden/internal/testkit/redistest"
 	"github.com/warden-dev/warden/internal/testkit/testenv"
 )
 

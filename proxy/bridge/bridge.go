@@ -12,9 +12,9 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/warden-dev/warden/proxy/bridge/dbpool"
 	"github.com/warden-dev/warden/internal/accept"
 	"github.com/warden-dev/warden/policy"
+	"github.com/warden-dev/warden/proxy/bridge/dbpool"
 )
 
 const protocolPostgres = policy.ProtocolPostgres

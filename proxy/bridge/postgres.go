@@ -16,8 +16,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgproto3"
-	"github.com/warden-dev/warden/proxy/bridge/dbpool"
 	"github.com/warden-dev/warden/internal/rawio"
+	"github.com/warden-dev/warden/proxy/bridge/dbpool"
 )
 
 // resetTimeout bounds the DISCARD ALL that readies a connection for reuse.

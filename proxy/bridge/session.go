@@ -9,9 +9,9 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/warden-dev/warden/proxy/bridge/dbpool"
 	"github.com/warden-dev/warden/governor/clock"
 	"github.com/warden-dev/warden/internal/rawio"
+	"github.com/warden-dev/warden/proxy/bridge/dbpool"
 )
 
 // Buffer sizes of a session's two copy loops. Results flow server→client

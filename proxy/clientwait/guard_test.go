@@ -9,8 +9,8 @@ import (
 
 	"github.com/warden-dev/warden/connpool"
 	"github.com/warden-dev/warden/governor/clock"
-	"github.com/warden-dev/warden/internal/testkit/fasttest"
 	"github.com/warden-dev/warden/internal/rawio"
+	"github.com/warden-dev/warden/internal/testkit/fasttest"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m, fasttest.LeakOptions()...) }

@@ -8,8 +8,8 @@ import (
 	bolt "go.etcd.io/bbolt"
 	"go.uber.org/goleak"
 
-	"github.com/warden-dev/warden/scheduler/store"
 	"github.com/warden-dev/warden/internal/testkit/storetest"
+	"github.com/warden-dev/warden/scheduler/store"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }

@@ -12,8 +12,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/warden-dev/warden/internal/testkit/redistest"
 	"github.com/warden-dev/warden/governor/clock"
+	"github.com/warden-dev/warden/internal/testkit/redistest"
 	"github.com/warden-dev/warden/internal/testkit/testenv"
 	"github.com/warden-dev/warden/proxy/egress"
 	"github.com/warden-dev/warden/proxy/ingress"

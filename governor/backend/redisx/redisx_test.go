@@ -16,10 +16,10 @@ import (
 	"github.com/redis/go-redis/v9"
 	"go.uber.org/goleak"
 
-	"github.com/warden-dev/warden/internal/testkit/redistest"
 	"github.com/warden-dev/warden/governor/clock"
 	"github.com/warden-dev/warden/governor/metrics"
 	"github.com/warden-dev/warden/internal/testkit/loopback"
+	"github.com/warden-dev/warden/internal/testkit/redistest"
 	"github.com/warden-dev/warden/internal/testkit/testenv"
 )
 

@@ -6,9 +6,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/warden-dev/warden/internal/testkit/pgtest"
 	"github.com/warden-dev/warden/scheduler/store"
 	"github.com/warden-dev/warden/scheduler/store/pgstore"
-	"github.com/warden-dev/warden/internal/testkit/pgtest"
 )
 
 // BenchmarkClaimCycle is one admission on the shared queue: a claim (lanes,

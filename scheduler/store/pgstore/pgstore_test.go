@@ -9,11 +9,11 @@ import (
 
 	"go.uber.org/goleak"
 
+	"github.com/warden-dev/warden/internal/testkit/pgtest"
+	"github.com/warden-dev/warden/internal/testkit/storetest"
 	"github.com/warden-dev/warden/internal/testkit/testenv"
 	"github.com/warden-dev/warden/scheduler/store"
 	"github.com/warden-dev/warden/scheduler/store/pgstore"
-	"github.com/warden-dev/warden/internal/testkit/pgtest"
-	"github.com/warden-dev/warden/internal/testkit/storetest"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
