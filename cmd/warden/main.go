@@ -82,7 +82,7 @@ func buildVersion() string {
 // bound) is some 45 MB of YAML tree while it is decoded; left to GOGC=100
 // alone, the collector let garbage grow to about twice that, and 1 MiB
 // files peaked at up to 122 MB resident, 62-77 MB under this limit
-// (README, Policy). warden run keeps its own collector settings: a limit
+// (docs/operations.md, "Policy files"). warden run keeps its own collector settings: a limit
 // there would bind the traffic too.
 const validateMemoryLimit = 56 << 20
 
@@ -153,7 +153,7 @@ func runCmd(args []string, stderr io.Writer) int {
 	redis.SetLogger(redisLogger{log})
 
 	// Unless GOGC is set, the collector keeps a heap goal of at least
-	// gcfloor.Default (README, "Memory and GC").
+	// gcfloor.Default (docs/operations.md, "Memory and GC").
 	floor := gcfloor.Start(gcfloor.Default)
 	defer floor.Stop()
 	if floor != nil {

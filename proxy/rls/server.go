@@ -109,7 +109,7 @@ func (s *Server) Apply(ctx context.Context, c *governor.Controls) error {
 // time, and the garbage collector shrinks an idle worker's stack, which its
 // next call grows again: with 256 workers for 64 calls in flight that churn cost
 // more than the fallback saves. 64 cut the RLS's CPU per call by about a
-// fifth with Redis windows (bench-rls, proxy/rls/README.md).
+// fifth with Redis windows (bench-rls; measured when the value was chosen, in git history).
 const streamWorkers = 64
 
 // ioBuffer is the read and write buffer of each connection: a burst of
