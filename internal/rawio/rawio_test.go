@@ -22,7 +22,7 @@ func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
 // pair returns a connected pair: a through a wrapped listener, b dialled
 // and wrapped, so both ends are raw connections.
-func pair(t *testing.T) (a, b net.Conn) {
+func pair(t testing.TB) (a, b net.Conn) {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -458,5 +458,17 @@ func TestPeek(t *testing.T) {
 	defer p2.Close()
 	if got := Peek(p2); got != PeekUnknown {
 		t.Fatalf("Peek of a pipe = %v, want PeekUnknown", got)
+	}
+}
+
+// BenchmarkPeek is what a pool's check of an idle connection costs before
+// each reuse.
+func BenchmarkPeek(b *testing.B) {
+	a, _ := pair(b)
+	b.ReportAllocs()
+	for b.Loop() {
+		if Peek(a) != PeekNothing {
+			b.Fatal("peer sent something")
+		}
 	}
 }
