@@ -33,7 +33,7 @@ type active struct {
 	lease    pool.Lease
 	sems     []string
 	released bool
-	red      *redisHeld // its leases in Redis when lanes are shared (redisgates.go)
+	red      *redisHeld // its leases in Redis when lanes are shared (admit_redis.go)
 
 	// Guarded by mu, a leaf lock: nothing else is locked while it is held,
 	// so a run's own transitions never wait for the admission lock.

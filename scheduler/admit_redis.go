@@ -26,8 +26,8 @@ import (
 // window) — taken all or none in one round trip (pool.TryAcquireWith,
 // window.Redis.TakeLeasedWith). No round trip is made under Scheduler.mu:
 // one pass at a time picks the best waiting run under the lock with the
-// local gates checked (exactly as admitLocked orders them), takes it out
-// of the queue with its local lane, key slot and permits reserved,
+// local gates checked (in the local admitter's order), takes it out of
+// the queue with its local lane, key slot and permits reserved,
 // unlocks, asks Redis, and locks again to commit the admission or to put
 // the run back where it was, noting the control that refused it.
 //
@@ -87,7 +87,7 @@ type redisAdmitter struct {
 	poolNotes map[string]string // by pool ID
 	global    string
 	// free is how many lanes the last answer left free: how many
-	// admissions the next round asks at once (see redisAdmit).
+	// admissions the next round asks at once (see admitWaiting).
 	free     int
 	releases []window.Held
 	// adopt lists admissions that hold no lease in Redis although they

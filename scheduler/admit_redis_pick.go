@@ -129,8 +129,8 @@ func lanesFree(cfg *config, c *pick, admitted bool) int {
 
 // pickLocked takes the best waiting run that this sidecar's own gates
 // admit out of the queue, its local lane, key slot and permits reserved;
-// nil when there is none. The choice is admitLocked's: the best head
-// (priority, then age) among definitions not blocked in this pass.
+// nil when there is none. The choice is the local admitter's: the best
+// head (priority, then age) among definitions not blocked in this pass.
 func (rg *redisAdmitter) pickLocked() *pick {
 	s := rg.s
 	cfg := s.cfgPtr.Load()

@@ -454,10 +454,10 @@ func sortFIFO(q *queue, f []fifoEntry) {
 
 // placeFIFO moves the entry of h, just pushed at the end of d's FIFO, to
 // its place in queue-entry order, so that schedule_to_start sees a run put
-// back after a refused claim as the old run it is. The slot it takes is
-// the nearest stale one before that place (usually the run's own previous
-// entry), so the move costs the distance from the FIFO's head, not its
-// length.
+// back after a refused Redis admission (admit_redis_pick.go) as the old
+// run it is. The slot it takes is the nearest stale one before that place
+// (usually the run's own previous entry), so the move costs the distance
+// from the FIFO's head, not its length.
 func (q *queue) placeFIFO(d *defQueue, h handle) {
 	last := len(d.fifo) - 1
 	me := d.fifo[last]

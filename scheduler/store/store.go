@@ -22,7 +22,7 @@
 // (pgstore.Store.Claim) — SELECT the next admissible runs FOR UPDATE SKIP
 // LOCKED, checking the gates in the same transaction, and return them
 // already STARTING — which the scheduler then delivers exactly as it
-// delivers what its own admitter picked (scheduler/shared.go).
+// delivers what its own admitter picked (scheduler/admit_postgres.go).
 package store
 
 import (
