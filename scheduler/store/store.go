@@ -133,14 +133,6 @@ func Time(ns int64) time.Time {
 	return time.Unix(0, ns)
 }
 
-// Nanos converts a time for storage; 0 for the zero time.
-func Nanos(t time.Time) int64 {
-	if t.IsZero() {
-		return 0
-	}
-	return t.UnixNano()
-}
-
 // Errors a store reports.
 var (
 	ErrNotFound = errors.New("run not found")
