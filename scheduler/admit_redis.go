@@ -65,7 +65,7 @@ const (
 	semKind            = "semaphore"
 )
 
-// redisAdmitter admits runs through the Redis gates; its state is its own.
+// redisAdmitter admits runs with their lane and permits leased in Redis.
 type redisAdmitter struct {
 	s   *Scheduler
 	red *window.Redis
@@ -167,10 +167,10 @@ func (rg *redisAdmitter) start(ctx context.Context, c *governor.Controls) error 
 
 // awaitLocked asks for a pass that admits run seq, just queued by a
 // submission, and returns the verdict it will decide; nil when no pass
-// will (admission has stopped). Submit waits for it
-// instead of answering before Redis was asked: a run the shared gates
-// admit at once is answered RUNNING, as without Redis, and one they refuse
-// names the gate that did, not the lanes by default (SPEC §4).
+// will (admission has stopped). Submit waits for it instead of answering
+// before Redis was asked: a run the shared gates admit at once is answered
+// RUNNING, as without Redis, and one they refuse names the gate that did,
+// not the lanes by default (SPEC §4).
 func (rg *redisAdmitter) awaitLocked(seq uint64) *verdict {
 	s := rg.s
 	if rg.stopped || s.draining || s.closed {
