@@ -176,10 +176,11 @@ func (s *Scheduler) Submit(ctx context.Context, req SubmitRequest) (Receipt, boo
 	s.mu.Unlock()
 	s.launch(started)
 	if rc.Control != nil {
-		if control, ok := s.adm.storeControl(ctx, r.Name, r.Key, now); ok {
+		if c, ok := s.adm.storeControl(ctx, r.Name, r.Key, now); ok {
 			// The shared queue's gates, not this sidecar's index, hold it.
 			rc.Control = nil
-			if control != "" {
+			if c != "" {
+				control = c
 				rc.Control = &control
 			}
 		}
