@@ -82,12 +82,15 @@ type admitter interface {
 func (s *Scheduler) chooseAdmitter(st store.Store) (admitter, []prometheus.Gauge, error) {
 	if pg, ok := st.(*pgstore.Store); ok {
 		adm, err := newPostgresAdmitter(s, pg)
+		if err != nil {
+			return nil, nil, err
+		}
 		// warden_runs follows this sidecar's own transitions with its own
 		// store; a shared queue's runs move on every sidecar, so there the
 		// gauge is only set from the store's counts (loadCounts, each
 		// sweep): one sidecar claiming runs another counted as queued took
 		// it below zero.
-		return adm, nil, err
+		return adm, nil, nil
 	}
 	if red, ok := s.opts.Counter.(*window.Redis); ok {
 		return newRedisAdmitter(s, red), runGauges(s.m), nil
