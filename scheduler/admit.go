@@ -33,7 +33,7 @@ type active struct {
 	lease    pool.Lease
 	sems     []string
 	released bool
-	red      *redisHeld // its leases in Redis when lanes are shared (redisgates.go)
+	red      *redisHeld // its leases in Redis when lanes are shared (admit_redis.go)
 
 	// Guarded by mu, a leaf lock: nothing else is locked while it is held,
 	// so a run's own transitions never wait for the admission lock.
@@ -69,63 +69,15 @@ func (a *active) getPhase() phase {
 	return a.phase
 }
 
-// admitLocked admits waiting runs while capacity lasts: each time the best
-// head (priority, then age) among definitions whose pool and semaphores
-// have room. A definition that cannot admit is skipped for the rest of the
-// pass, so it never blocks the others; its pool or the sweeper wakes the
-// scheduler when that changes. The returned runs are to be launched
-// outside the lock.
+// admitLocked admits waiting runs while capacity lasts, as the admitter
+// decides (admitter.go). The returned runs are to be launched outside the
+// lock.
 func (s *Scheduler) admitLocked(now time.Time) []*active {
 	cfg := s.cfgPtr.Load()
-	if cfg == nil || s.draining || s.closed || s.recovering || s.shared != nil {
-		return nil // a shared store admits through claims (shared.go)
-	}
-	if s.rg != nil {
-		// Lanes shared through Redis: admitted by a pass outside the lock.
-		s.pokeRedisLocked(true)
+	if cfg == nil || s.draining || s.closed || s.recovering {
 		return nil
 	}
-	limit, _ := cfg.limit()
-	s.pass++
-	var out []*active
-	for s.running < limit {
-		best, top := s.bestHeadLocked(cfg)
-		if best == nil {
-			break
-		}
-		if !s.semaphoresFree(best) {
-			best.skip = s.pass
-			continue
-		}
-		var lease pool.Lease
-		if best.pool != nil {
-			l, control, ok := best.pool.TryAcquire(now)
-			if !ok {
-				best.skip = s.pass
-				if control == pool.ControlRate {
-					// Be woken at the window's boundary.
-					best.pool.WatchWindow()
-				}
-				continue
-			}
-			lease = l
-		}
-		dq := s.q.defs[best.name]
-		e := s.q.admit(dq)
-		a := &active{
-			seq: e.seq, def: best, q: dq, key: e.g.key, prio: top.prio, queuedAt: e.queuedAt,
-			admittedAt: now.UnixNano(), lease: lease,
-		}
-		a.sems = s.acquireSemaphores(best, a)
-		s.running++
-		s.active[e.seq] = a
-		s.deliveries.Add(1)
-		out = append(out, a)
-		if best.waitObs != nil {
-			best.waitObs.Observe(time.Duration(a.admittedAt - e.queuedAt).Seconds())
-		}
-	}
-	return out
+	return s.adm.admitLocked(cfg, now)
 }
 
 // bestHeadLocked is the waiting run to admit next: the best head
@@ -151,30 +103,10 @@ func (s *Scheduler) bestHeadLocked(cfg *config) (best *definition, top item) {
 // when every gate has room for it now; nil when it must wait.
 func (s *Scheduler) reserveLocked(d *definition, key string, prio int32, now time.Time) *active {
 	cfg := s.cfgPtr.Load()
-	if cfg == nil || s.draining || s.closed || s.shared != nil || s.rg != nil {
+	if cfg == nil || s.draining || s.closed {
 		return nil
 	}
-	if limit, _ := cfg.limit(); s.running >= limit {
-		return nil
-	}
-	dq := s.q.def(d.name)
-	if dq.keyBusy(key) || !s.semaphoresFree(d) {
-		return nil
-	}
-	var lease pool.Lease
-	if d.pool != nil {
-		l, _, ok := d.pool.TryAcquire(now)
-		if !ok {
-			return nil
-		}
-		lease = l
-	}
-	a := &active{def: d, q: dq, key: key, prio: prio, queuedAt: now.UnixNano(), admittedAt: now.UnixNano(), lease: lease}
-	s.q.resumed(dq, key)
-	a.sems = s.acquireSemaphores(d, a)
-	s.running++
-	s.deliveries.Add(1)
-	return a
+	return s.adm.reserveLocked(cfg, d, key, prio, now)
 }
 
 // unreserve gives back a reservation whose run was not stored (an error,
@@ -211,9 +143,7 @@ func (s *Scheduler) releaseLocked(a *active) {
 	s.q.finished(a.q, a.key)
 	s.releaseSemaphores(a.sems, a)
 	a.lease.Release()
-	if a.red != nil {
-		s.dropRedisLocked(a)
-	}
+	s.adm.releasedLocked(a)
 }
 
 // free hands an ended run to the admission loop, which releases what it
@@ -241,27 +171,13 @@ func (s *Scheduler) controlLocked(dq *defQueue, key string, now time.Time) strin
 	if !s.semaphoresFree(d) {
 		return ControlSemaphore
 	}
-	if s.rg != nil {
-		return s.redisControlLocked(cfg, d) // no round trip under the lock
-	}
-	if s.shared != nil {
-		// The shared store's gates hold the run; callers read them from the
-		// store outside the lock (sharedControl). A shared pool's snapshot
-		// would be a Redis round trip under the lock.
-		return ControlLanes
-	}
-	if d.pool != nil {
-		p := d.pool.Snapshot(now)
-		if p.Concurrency > 0 && p.InFlight >= p.Concurrency {
-			return ControlPoolConc
-		}
-		if p.Rate > 0 && p.Remaining == 0 {
-			return ControlPoolRate
-		}
-		if p.Queued > 0 {
-			return pool.ControlQueue
-		}
-	}
+	return s.adm.controlLocked(cfg, d, now)
+}
+
+// limitControlLocked names the lanes or worker_max_concurrent, whichever
+// is reached (a run all of whose gates are open waits for its turn in the
+// lanes).
+func (s *Scheduler) limitControlLocked(cfg *config) string {
 	limit, control := cfg.limit()
 	if s.running >= limit {
 		return control

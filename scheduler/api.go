@@ -151,11 +151,11 @@ func (s *Scheduler) Submit(ctx context.Context, req SubmitRequest) (Receipt, boo
 		return Receipt{ID: id, Status: store.Running.String()}, true, nil
 	}
 	s.mu.Lock()
-	s.enqueueLocked(r)
+	s.adm.enqueueLocked(r)
 	started = s.admitLocked(now)
 	_, admitted := s.active[r.Seq]
 	control := ""
-	if v := s.awaitRedisLocked(r.Seq); v != nil {
+	if v := s.adm.awaitLocked(r.Seq); v != nil {
 		// Lanes shared through Redis are taken by a pass outside the lock:
 		// answer with what it decided for this run.
 		s.mu.Unlock()
@@ -173,14 +173,16 @@ func (s *Scheduler) Submit(ctx context.Context, req SubmitRequest) (Receipt, boo
 		}
 		rc.Status, rc.AwaitingAdmission, rc.Control = store.Queued.String(), true, &control
 	}
-	sh := s.shared
 	s.mu.Unlock()
 	s.launch(started)
-	if sh != nil && rc.Control != nil {
-		// The shared queue's gates, not this sidecar's index, hold it.
-		rc.Control = nil
-		if control := s.sharedControl(ctx, r.Name, r.Key, now); control != "" {
-			rc.Control = &control
+	if rc.Control != nil {
+		if c, ok := s.adm.storeControl(ctx, r.Name, r.Key, now); ok {
+			// The shared queue's gates, not this sidecar's index, hold it.
+			rc.Control = nil
+			if c != "" {
+				control = c
+				rc.Control = &control
+			}
 		}
 	}
 	if rc.Control != nil && s.m != nil {
@@ -262,11 +264,8 @@ func (s *Scheduler) view(ctx context.Context, seq uint64) (RunView, error) {
 	now := s.clk.Now()
 	s.mu.Lock()
 	v := []RunView{s.viewLocked(r, now)}
-	sh := s.shared
 	s.mu.Unlock()
-	if sh != nil {
-		s.sharedControls(ctx, v, now)
-	}
+	s.storeControls(ctx, v, now)
 	return v[0], nil
 }
 
@@ -326,11 +325,8 @@ func (s *Scheduler) List(ctx context.Context, f ListFilter) ([]RunView, error) {
 	for _, r := range runs {
 		out = append(out, s.viewLocked(r, now))
 	}
-	sh := s.shared
 	s.mu.Unlock()
-	if sh != nil {
-		s.sharedControls(ctx, out, now)
-	}
+	s.storeControls(ctx, out, now)
 	return out, nil
 }
 
@@ -403,12 +399,7 @@ func (s *Scheduler) Heartbeat(ctx context.Context, id string) (RunView, error) {
 	}
 	a.mu.Unlock()
 	if !done && async {
-		s.mu.Lock()
-		if !a.released {
-			s.leaseSemaphores(a.sems, a, now+int64(a.leaseTerm()))
-		}
-		s.mu.Unlock()
-		s.leaseSharedPermits(a, now+int64(a.leaseTerm()))
+		s.adm.leasePermits(a, now+int64(a.leaseTerm()))
 	}
 	v, err := s.view(ctx, a.seq)
 	if err == nil && done {
@@ -433,8 +424,10 @@ func (s *Scheduler) activeRun(ctx context.Context, id, what string) (*active, er
 	if err != nil {
 		return nil, err
 	}
-	if s.shared != nil && v.Status == store.Running.String() && a == nil {
-		return nil, &Conflict{Msg: fmt.Sprintf("run %s is RUNNING on another sidecar sharing the queue: %s it through the sidecar that delivered it", id, what)}
+	if v.Status == store.Running.String() && a == nil {
+		if err := s.adm.heldElsewhere(id, what); err != nil {
+			return nil, err
+		}
 	}
 	return nil, &Conflict{Msg: fmt.Sprintf("run %s is %s: only a RUNNING run can %s", id, v.Status, what)}
 }
@@ -481,6 +474,37 @@ func (s *Scheduler) viewLocked(r store.Run, now time.Time) RunView {
 		v.Control = &control
 	}
 	return v
+}
+
+// storeControls fills in the control of every waiting run of views from
+// the store when the store holds the queue (admitter.storeControl), one
+// read per definition and key.
+func (s *Scheduler) storeControls(ctx context.Context, views []RunView, now time.Time) {
+	type nk struct{ name, key string }
+	var seen map[nk]string
+	for i := range views {
+		v := &views[i]
+		if !v.AwaitingAdmission {
+			continue
+		}
+		k := nk{v.Name, v.Key}
+		c, ok := seen[k]
+		if !ok {
+			var fromStore bool
+			if c, fromStore = s.adm.storeControl(ctx, v.Name, v.Key, now); !fromStore {
+				return // named by viewLocked already
+			}
+			if seen == nil {
+				seen = map[nk]string{}
+			}
+			seen[k] = c
+		}
+		if c == "" {
+			v.Control = nil
+			continue
+		}
+		v.Control = &c
+	}
 }
 
 func ts(ns int64) *time.Time {

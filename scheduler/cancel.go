@@ -97,8 +97,8 @@ func (s *Scheduler) cancelOnce(ctx context.Context, seq uint64, reason string, t
 	case r.Status.Terminal():
 		return false, &Conflict{Msg: fmt.Sprintf("run %s is already %s", s.formatID(seq), r.Status)}
 	case r.Status == store.Starting || r.Status == store.Running:
-		if s.shared != nil {
-			return false, &Conflict{Msg: fmt.Sprintf("run %s is RUNNING on another sidecar sharing the queue: cancel it through the sidecar that delivered it", s.formatID(seq))}
+		if err := s.adm.heldElsewhere(s.formatID(seq), "cancel"); err != nil {
+			return false, err
 		}
 		// Admitted by this sidecar since the look above.
 		return false, pause(ctx, try)
@@ -141,7 +141,7 @@ func (s *Scheduler) restore(from store.Status, seq uint64) {
 	switch from {
 	case store.Queued:
 		if _, queued := s.q.find(seq); !queued && s.active[seq] == nil {
-			s.enqueueLocked(&r)
+			s.adm.enqueueLocked(&r)
 		}
 	case store.RetryWait, store.Scheduled:
 		if _, waiting := s.waits[seq]; !waiting {

@@ -1,7 +1,6 @@
 package scheduler
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -368,12 +367,6 @@ func deref(p *string) string {
 		return "<nil>"
 	}
 	return *p
-}
-
-func jsonBody(v any) string {
-	var b bytes.Buffer
-	json.NewEncoder(&b).Encode(v)
-	return b.String()
 }
 
 func jsonUnmarshal(b []byte, v any) error { return json.Unmarshal(b, v) }

@@ -32,16 +32,6 @@ func (s *Scheduler) PathPrefix() string {
 	return ""
 }
 
-// Owns reports whether path belongs to the runs API.
-func (s *Scheduler) Owns(path []byte) bool {
-	p := s.PathPrefix()
-	if p == "" || !strings.HasPrefix(string(path), p) {
-		return false
-	}
-	rest := path[len(p):]
-	return len(rest) == 0 || rest[0] == '/'
-}
-
 const (
 	defaultListLimit = 100
 	maxListLimit     = 1000

@@ -451,3 +451,57 @@ func sortFIFO(q *queue, f []fifoEntry) {
 		return 0
 	})
 }
+
+// placeFIFO moves the entry of h, just pushed at the end of d's FIFO, to
+// its place in queue-entry order, so that schedule_to_start sees a run put
+// back after a refused Redis admission (admit_redis_pick.go) as the old
+// run it is. The slot it takes is the nearest stale one before that place
+// (usually the run's own previous entry), so the move costs the distance
+// from the FIFO's head, not its length.
+func (q *queue) placeFIFO(d *defQueue, h handle) {
+	last := len(d.fifo) - 1
+	me := d.fifo[last]
+	key := q.slab[h]
+	after := func(f fifoEntry) bool {
+		e := &q.slab[f.h]
+		return e.queuedAt > key.queuedAt || e.queuedAt == key.queuedAt && e.seq > key.seq
+	}
+	p, free := last, -1
+	for i := d.fifoHead; i < last; i++ {
+		f := d.fifo[i]
+		if f == me {
+			// The run got its slot back, so its previous entry, counted
+			// stale when it left, is live again and in place.
+			d.fifo = d.fifo[:last]
+			d.fifoStale--
+			return
+		}
+		if !q.live(f) {
+			free = i
+			continue
+		}
+		if after(f) {
+			p = i
+			break
+		}
+	}
+	if p == last {
+		return // it is the newest: already in place
+	}
+	switch {
+	case free >= 0:
+		// Shift [free+1, p) down over the stale slot.
+		copy(d.fifo[free:p-1], d.fifo[free+1:p])
+		d.fifo[p-1] = me
+		d.fifo = d.fifo[:last]
+		d.fifoStale--
+	case d.fifoHead > 0:
+		d.fifoHead--
+		copy(d.fifo[d.fifoHead:p-1], d.fifo[d.fifoHead+1:p])
+		d.fifo[p-1] = me
+		d.fifo = d.fifo[:last]
+	default:
+		copy(d.fifo[p+1:], d.fifo[p:last])
+		d.fifo[p] = me
+	}
+}

@@ -31,14 +31,18 @@ const maxKeyRows = 100
 func (s *Scheduler) Queues() any {
 	now := s.clk.Now()
 	s.mu.Lock()
-	started, sh := s.started, s.shared
+	started, adm := s.started, s.adm
 	s.mu.Unlock()
 	if !started {
 		return []QueueState{}
 	}
-	if sh != nil {
-		return s.sharedQueues(now)
-	}
+	return adm.queues(now)
+}
+
+// indexQueues is Queues read from this sidecar's index (the local and
+// Redis admitters); poolControl names the control of a pool row with
+// waiting runs, d being a definition that uses the pool.
+func (s *Scheduler) indexQueues(now time.Time, poolControl func(d *definition) string) []QueueState {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	out := []QueueState{}
@@ -124,18 +128,8 @@ func (s *Scheduler) Queues() any {
 	for _, id := range ids {
 		p := pools[id]
 		row := QueueState{Scope: "pool", Pool: id, Depth: p.depth, OldestAgeSeconds: age(p.oldest), Running: p.running}
-		if p.depth > 0 && s.rg != nil {
-			// What the last shared admissions found: no round trip
-			// under the lock.
-			row.Control = s.rg.poolNotes[id]
-		} else if p.depth > 0 {
-			snap := poolByID[id].pool.Snapshot(now)
-			switch {
-			case snap.Concurrency > 0 && snap.InFlight >= snap.Concurrency:
-				row.Control = ControlPoolConc
-			case snap.Rate > 0 && snap.Remaining == 0:
-				row.Control = ControlPoolRate
-			}
+		if p.depth > 0 {
+			row.Control = poolControl(poolByID[id])
 		}
 		out = append(out, row)
 	}

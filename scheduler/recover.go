@@ -25,14 +25,10 @@ import (
 //     lane, key, permits and pool slot again; start_to_close counts from
 //     their start, heartbeat_timeout from now (heartbeats are not persisted).
 //   - RETRY_WAIT and SCHEDULED runs get their timer back.
-func (s *Scheduler) recover(ctx context.Context, c *governor.Controls) error {
-	if s.shared != nil {
-		// The runs belong to the shared queue: this sidecar takes back
-		// only its own (its owner id outlives the process); what other
-		// sidecars left admitted is taken back by the lease sweep, and
-		// retry waits and scheduled runs by the same sweep.
-		return s.recoverShared(ctx)
-	}
+//
+// onResume, when not nil, is told of each RUNNING run taken back, with
+// s.mu held. A shared store recovers differently (admit_postgres.go).
+func (s *Scheduler) recover(ctx context.Context, c *governor.Controls, onResume func(*active)) error {
 	if err := s.loadCounts(ctx); err != nil {
 		return fmt.Errorf("count runs: %w", err)
 	}
@@ -90,7 +86,7 @@ func (s *Scheduler) recover(ctx context.Context, c *governor.Controls) error {
 		}
 		s.moved(store.Starting, store.Queued)
 		s.mu.Lock()
-		s.enqueueLocked(&r)
+		s.adm.enqueueLocked(&r)
 		s.mu.Unlock()
 		s.log.Info("run interrupted between admission and delivery returned to the queue",
 			"run", s.formatID(seq), "attempt", r.Attempt, "rate_slot_refunded", refunded)
@@ -109,7 +105,7 @@ func (s *Scheduler) recover(ctx context.Context, c *governor.Controls) error {
 	}
 	slices.SortStableFunc(resumed, func(a, b store.Run) int { return cmp.Compare(b.StartedAt, a.StartedAt) })
 	for _, r := range resumed {
-		s.resume(r, now)
+		s.resume(r, now, onResume)
 	}
 	for _, w := range waits {
 		s.armRetry(w.seq, w.at)
@@ -122,7 +118,7 @@ func (s *Scheduler) recover(ctx context.Context, c *governor.Controls) error {
 }
 
 // resume takes a RUNNING run back: it holds its gates again.
-func (s *Scheduler) resume(r store.Run, now time.Time) {
+func (s *Scheduler) resume(r store.Run, now time.Time, onResume func(*active)) {
 	cfg := s.cfgPtr.Load()
 	var d *definition
 	if cfg != nil {
@@ -157,8 +153,8 @@ func (s *Scheduler) resume(r store.Run, now time.Time) {
 	s.q.resumed(dq, r.Key)
 	s.running++
 	s.active[r.Seq] = a
-	if s.rg != nil {
-		s.adoptLocked(a) // its lane and permits in Redis, by the next pass
+	if onResume != nil {
+		onResume(a)
 	}
 	a.mu.Lock()
 	s.armRunTimer(a)

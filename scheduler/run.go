@@ -187,12 +187,7 @@ func (s *Scheduler) accepted(a *active) {
 	r := a.run
 	s.armRunTimer(a)
 	a.mu.Unlock()
-	s.mu.Lock()
-	if !a.released {
-		s.leaseSemaphores(a.sems, a, now+int64(a.leaseTerm()))
-	}
-	s.mu.Unlock()
-	s.leaseSharedPermits(a, now+int64(a.leaseTerm()))
+	s.adm.leasePermits(a, now+int64(a.leaseTerm()))
 	s.write(r, store.Starting, store.Of(store.Starting))
 }
 
@@ -302,19 +297,15 @@ func (s *Scheduler) requeue(seq uint64) {
 	s.moved(from, store.Queued)
 	s.mu.Lock()
 	delete(s.waits, seq)
-	s.enqueueLocked(&full)
+	s.adm.enqueueLocked(&full)
 	started := s.admitLocked(now)
 	s.mu.Unlock()
 	s.launch(started)
 }
 
-// enqueueLocked puts a QUEUED run in the index; with a shared store it
-// asks for a claim instead (the store is the index).
-func (s *Scheduler) enqueueLocked(r *store.Run) {
-	if s.shared != nil {
-		s.wake()
-		return
-	}
+// pushLocked puts a QUEUED run in this sidecar's index (the local and
+// Redis admitters' enqueueLocked).
+func (s *Scheduler) pushLocked(r *store.Run) {
 	dq := s.q.def(r.Name)
 	s.q.push(dq, r.Key, r.Seq, r.Priority, r.QueuedAt)
 	if cfg := s.cfgPtr.Load(); cfg != nil {

@@ -62,7 +62,7 @@ type Options struct {
 	// (governor.Counter). When it is the Redis counter and the run store
 	// is this sidecar's own (bbolt, memory), lanes and semaphore permits
 	// are leases in that Redis, shared by every sidecar on it
-	// (redisgates.go); nil or in-process, they are this sidecar's.
+	// (admit_redis.go); nil or in-process, they are this sidecar's.
 	Counter window.Counter
 }
 
@@ -85,8 +85,7 @@ type Scheduler struct {
 
 	mu       sync.Mutex
 	st       store.Store
-	shared   *shared     // set when st is shared by several sidecars: admissions come from its claims
-	rg       *redisGates // set when lanes and semaphores are shared through Redis: admissions come from its passes
+	adm      admitter // how runs are admitted: chosen at start (chooseAdmitter)
 	ownStore bool
 	q        *queue
 	sems     map[string]*semaphore
@@ -207,26 +206,12 @@ func (s *Scheduler) start(ctx context.Context, c *governor.Controls, cfg *config
 	if err != nil {
 		return err
 	}
-	var sh *shared
-	if pg, ok := st.(*pgstore.Store); ok {
-		sh = &shared{st: pg, owner: s.opts.Owner, lease: s.opts.Lease}
-		switch {
-		case sh.owner != "":
-		case s.opts.DataDir != "":
-			// The same id as before a restart: the runs this sidecar's
-			// worker accepted are still its own (recover).
-			if sh.owner, sh.unlock, err = sidecarOwner(s.opts.DataDir); err != nil {
-				if own {
-					st.Close()
-				}
-				return err
-			}
-		default:
-			sh.owner = newOwner()
+	adm, gauges, err := s.chooseAdmitter(st)
+	if err != nil {
+		if own {
+			st.Close()
 		}
-		if sh.lease <= 0 {
-			sh.lease = DefaultLease
-		}
+		return err
 	}
 	s.mu.Lock()
 	s.st, s.ownStore = st, own
@@ -235,17 +220,7 @@ func (s *Scheduler) start(ctx context.Context, c *governor.Controls, cfg *config
 		scope = sc.IDScope()
 	}
 	s.scope.Store(&scope)
-	s.shared = sh
-	// warden_runs follows this sidecar's own transitions with its own
-	// store; a shared queue's runs move on every sidecar, so there the
-	// gauge is only set from the store's counts (loadCounts, each sweep):
-	// one sidecar claiming runs another counted as queued took it below
-	// zero.
-	s.gauges = nil
-	if s.shared == nil {
-		s.gauges = runGauges(s.m)
-	}
-	s.rg = newRedisGates(s.opts.Counter, s.shared != nil)
+	s.adm, s.gauges = adm, gauges
 	s.q = newQueue()
 	s.sems = map[string]*semaphore{}
 	s.active = map[uint64]*active{}
@@ -263,7 +238,7 @@ func (s *Scheduler) start(ctx context.Context, c *governor.Controls, cfg *config
 	s.reconfigureLocked(c, cfg)
 	s.mu.Unlock()
 	go s.loop()
-	err = s.recover(ctx, c)
+	err = s.adm.start(ctx, c)
 	s.mu.Lock()
 	s.recovering = false
 	s.mu.Unlock()
@@ -272,10 +247,6 @@ func (s *Scheduler) start(ctx context.Context, c *governor.Controls, cfg *config
 		defer cancel()
 		_ = s.stop(sctx)
 		return fmt.Errorf("recover runs: %w", err)
-	}
-	if s.shared != nil {
-		s.startShared()
-		s.log.Info("run store shared through postgres", "owner", s.shared.owner, "schema", s.shared.st.Schema(), "lease", s.shared.lease)
 	}
 	s.admitAndLaunch()
 	return nil
@@ -383,15 +354,10 @@ func (s *Scheduler) loop() {
 			s.mu.Unlock()
 			clear(batch)
 			s.launch(started)
-			if s.shared != nil {
-				s.claimAndLaunch()
-			}
+			s.adm.claim()
 		case <-s.kick:
-			if s.shared != nil {
-				s.claimAndLaunch()
-				continue
-			}
 			s.admitAndLaunch()
+			s.adm.claim()
 		case <-s.quit:
 			// Every sender has finished by now; release what they left.
 			s.mu.Lock()
@@ -432,20 +398,23 @@ func (s *Scheduler) enter() bool {
 
 func (s *Scheduler) leave() { s.calls.Done() }
 
+// pinger is a store that can tell whether it answers (a shared store).
+type pinger interface{ Ping(context.Context) error }
+
 // Ready reports whether the scheduler serves runs: its store is open and,
-// when shared, answers.
+// when it can tell, answers.
 func (s *Scheduler) Ready() error {
 	if s.cfgPtr.Load() == nil {
 		return nil // no scheduler section: nothing to be ready for
 	}
 	s.mu.Lock()
-	open, sh := s.started && !s.closed, s.shared
+	open, st := s.started && !s.closed, s.st
 	s.mu.Unlock()
 	if !open {
 		return errors.New("run store not open")
 	}
-	if sh != nil {
-		return sh.st.Ping(context.Background())
+	if p, ok := st.(pinger); ok {
+		return p.Ping(context.Background())
 	}
 	return nil
 }
@@ -554,8 +523,7 @@ func (s *Scheduler) stop(ctx context.Context) error {
 	s.calls.Wait()
 	close(s.quit)
 	<-s.loopDone
-	s.stopShared()
-	s.stopRedisGates()
+	s.adm.stop()
 	s.cancelRuns()
 	s.client.CloseIdleConnections()
 	var err error
@@ -563,10 +531,6 @@ func (s *Scheduler) stop(ctx context.Context) error {
 		if err = s.st.Close(); err != nil {
 			err = fmt.Errorf("close run store: %w", err)
 		}
-	}
-	if s.shared != nil && s.shared.unlock != nil {
-		s.shared.unlock()
-		s.shared.unlock = nil
 	}
 	s.mu.Lock()
 	s.started = false

@@ -80,6 +80,16 @@ func (s *Scheduler) leaseSemaphores(names []string, a *active, until int64) {
 	}
 }
 
+// leaseHeldPermits starts or renews the lease of the permits a holds in
+// this sidecar's semaphores (the local and Redis admitters' leasePermits).
+func (s *Scheduler) leaseHeldPermits(a *active, until int64) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if !a.released {
+		s.leaseSemaphores(a.sems, a, until)
+	}
+}
+
 // applySemaphores reconciles the semaphores with a reloaded policy: permits
 // change at once, holders are kept, a removed semaphore is dropped.
 func (s *Scheduler) applySemaphores(permits map[string]int) {
@@ -135,9 +145,7 @@ func (s *Scheduler) sweepLeases() {
 		for a, until := range sem.holders {
 			if until != 0 && until <= now.UnixNano() {
 				delete(sem.holders, a)
-				if a.red != nil {
-					s.dropRedisPermitLocked(a, sem.name)
-				}
+				s.adm.permitExpiredLocked(a, sem.name)
 				s.log.Warn("semaphore permit lease expired; permit returned", "semaphore", sem.name, "run", s.formatID(a.seq))
 			}
 		}
@@ -158,14 +166,17 @@ type SemaphoreState struct {
 // Semaphores lists every configured semaphore, for GET /v1/semaphores.
 func (s *Scheduler) Semaphores() any {
 	s.mu.Lock()
-	sh, rg := s.shared, s.rg
+	adm := s.adm
 	s.mu.Unlock()
-	if sh != nil {
-		return s.sharedSemaphores(s.clk.Now())
+	if adm == nil {
+		return []SemaphoreState{} // never started
 	}
-	if rg != nil {
-		return s.redisSemaphores(s.clk.Now())
-	}
+	return adm.semaphores(s.clk.Now())
+}
+
+// heldSemaphores lists this sidecar's semaphores with the permits its own
+// admissions hold.
+func (s *Scheduler) heldSemaphores() []SemaphoreState {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	out := make([]SemaphoreState, 0, len(s.sems))

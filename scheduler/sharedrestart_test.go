@@ -113,7 +113,7 @@ func TestSharedStoreRestartKeepsRunningRuns(t *testing.T) {
 	}
 	// A sweep once the previous process's lease has passed (any sidecar's)
 	// leaves the run alone: the restarted process renewed it.
-	h2.sched.sweepShared(context.Background(), time.Unix(0, leaseBefore+1))
+	h2.sched.adm.(*postgresAdmitter).sweep(context.Background(), time.Unix(0, leaseBefore+1))
 	if st, _, _ := db.row(t, id); st != 3 {
 		t.Fatalf("a sweep after the previous lease moved the run to status %d; want it RUNNING", st)
 	}

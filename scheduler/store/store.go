@@ -22,7 +22,7 @@
 // (pgstore.Store.Claim) — SELECT the next admissible runs FOR UPDATE SKIP
 // LOCKED, checking the gates in the same transaction, and return them
 // already STARTING — which the scheduler then delivers exactly as it
-// delivers what its own admitter picked (scheduler/shared.go).
+// delivers what its own admitter picked (scheduler/admit_postgres.go).
 package store
 
 import (
@@ -131,14 +131,6 @@ func Time(ns int64) time.Time {
 		return time.Time{}
 	}
 	return time.Unix(0, ns)
-}
-
-// Nanos converts a time for storage; 0 for the zero time.
-func Nanos(t time.Time) int64 {
-	if t.IsZero() {
-		return 0
-	}
-	return t.UnixNano()
 }
 
 // Errors a store reports.

@@ -181,12 +181,14 @@ func loadGates(ctx context.Context, tx pgx.Tx, req ClaimRequest) (*gates, error)
 	return g, br.Close()
 }
 
+// claimTx admits, under the claim lock, the best waiting runs the gates
+// have room for: it counts the gates, walks the waiting runs in admission
+// order a batch at a time, and records the runs admitted.
 func (s *Store) claimTx(ctx context.Context, tx pgx.Tx, req ClaimRequest, res *ClaimResult) error {
 	g, err := loadGates(ctx, tx, req)
 	if err != nil {
 		return err
 	}
-	perKey, perPool, held, used := g.perKey, g.perPool, g.held, g.used
 	room := req.Lanes - g.global
 	if req.WorkerMax > 0 {
 		room = min(room, req.WorkerMax-g.mine)
@@ -194,120 +196,177 @@ func (s *Store) claimTx(ctx context.Context, tx pgx.Tx, req ClaimRequest, res *C
 	if room <= 0 {
 		return nil
 	}
-
-	names := make([]string, 0, len(req.Defs))
-	for name := range req.Defs {
-		names = append(names, name)
-	}
-	var admitted []admission
-	blockedDefs := []string{}
-	var blockedKeyNames, blockedKeyKeys []string
-	blockedDef := map[string]bool{}
-	blockedKey := map[defKey]bool{}
-	var curPrio int32
-	var curSeq int64
-	first, scanned := true, 0
-	for room > 0 && scanned < claimScanMax {
-		rows, err := tx.Query(ctx, `SELECT seq, name, key, priority, retry_at FROM warden_runs r
-			WHERE status = 1 AND name = ANY($1) AND NOT (name = ANY($2))
-			  AND NOT EXISTS (SELECT 1 FROM unnest($3::text[], $4::text[]) AS b(n, k) WHERE b.n = r.name AND b.k = r.key)
-			  AND ($5 OR priority < $6 OR (priority = $6 AND seq > $7))
-			ORDER BY priority DESC, seq LIMIT $8 FOR UPDATE SKIP LOCKED`,
-			names, blockedDefs, blockedKeyNames, blockedKeyKeys, first, curPrio, curSeq, claimBatch)
+	c := newClaimScan(req, g, res, room)
+	for c.room > 0 && c.scanned < claimScanMax {
+		batch, err := c.nextBatch(ctx, tx)
 		if err != nil {
 			return err
 		}
-		type cand struct {
-			seq     int64
-			k       defKey
-			prio    int32
-			retryAt int64
-		}
-		var batch []cand
-		for rows.Next() {
-			var c cand
-			if err := rows.Scan(&c.seq, &c.k.name, &c.k.key, &c.prio, &c.retryAt); err != nil {
-				rows.Close()
-				return err
-			}
-			batch = append(batch, c)
-		}
-		rows.Close()
-		if err := rows.Err(); err != nil {
-			return err
-		}
-		first = false
-		for _, c := range batch {
-			curPrio, curSeq = c.prio, c.seq
-			scanned++
-			if room == 0 || blockedDef[c.k.name] || blockedKey[c.k] {
-				continue
-			}
-			d := req.Defs[c.k.name]
-			if d.KeyLimit > 0 && perKey[c.k] >= d.KeyLimit {
-				blockedKey[c.k] = true
-				blockedKeyNames, blockedKeyKeys = append(blockedKeyNames, c.k.name), append(blockedKeyKeys, c.k.key)
-				continue
-			}
-			semFull := false
-			var sems []string
-			for _, name := range d.Semaphores {
-				permits, ok := req.Semaphores[name]
-				if !ok {
-					continue // unconfigured: gates nothing
-				}
-				if held[name] >= permits {
-					semFull = true
-					break
-				}
-				sems = append(sems, name)
-			}
-			poolFull := false
-			var winStart int64
-			if p, ok := req.Pools[d.Pool]; ok && d.Pool != "" {
-				if p.Concurrency > 0 && perPool[d.Pool] >= p.Concurrency {
-					poolFull = true
-				} else if p.Rate > 0 {
-					if used[d.Pool] >= p.Rate {
-						poolFull = true
-						if res.WakeAt == 0 || p.WindowEnd < res.WakeAt {
-							res.WakeAt = p.WindowEnd
-						}
-					} else {
-						winStart = p.WindowStart
-					}
-				}
-			}
-			if semFull || poolFull {
-				blockedDef[c.k.name] = true
-				blockedDefs = append(blockedDefs, c.k.name)
-				continue
-			}
-			perKey[c.k]++
-			if d.Pool != "" {
-				perPool[d.Pool]++
-				if winStart != 0 {
-					used[d.Pool]++
-				}
-			}
-			for _, name := range sems {
-				held[name]++
-			}
-			a := admission{seq: c.seq, retryAt: c.retryAt, winStart: winStart, sems: sems}
-			if winStart != 0 {
-				a.poolID = d.Pool
-			}
-			admitted = append(admitted, a)
-			room--
+		for _, cand := range batch {
+			c.consider(cand)
 		}
 		if len(batch) < claimBatch {
 			break
 		}
 	}
-	if len(admitted) == 0 {
+	if len(c.admitted) == 0 {
 		return nil
 	}
-	return recordClaims(ctx, tx, req, admitted, res)
+	return recordClaims(ctx, tx, req, c.admitted, res)
+}
+
+// claimScan is one claim's walk over the waiting runs: the gates as
+// counted so far, what it skips and where it has got to.
+type claimScan struct {
+	req   ClaimRequest
+	g     *gates
+	res   *ClaimResult
+	room  int // lanes (and worker_max_concurrent) left
+	names []string
+
+	// A run held by its key skips only that key; one held by its pool or
+	// semaphores skips only its definition. The slices are the query's
+	// arguments, the maps the same for the runs of a batch.
+	blockedDefs                     []string
+	blockedKeyNames, blockedKeyKeys []string
+	blockedDef                      map[string]bool
+	blockedKey                      map[defKey]bool
+
+	first   bool // no batch read yet
+	curPrio int32
+	curSeq  int64 // the last run looked at: the next batch starts after it
+	scanned int
+
+	admitted []admission
+}
+
+// candidate is a waiting run a batch read.
+type candidate struct {
+	seq     int64
+	k       defKey
+	prio    int32
+	retryAt int64
+}
+
+func newClaimScan(req ClaimRequest, g *gates, res *ClaimResult, room int) *claimScan {
+	names := make([]string, 0, len(req.Defs))
+	for name := range req.Defs {
+		names = append(names, name)
+	}
+	return &claimScan{req: req, g: g, res: res, room: room, names: names, blockedDefs: []string{},
+		blockedDef: map[string]bool{}, blockedKey: map[defKey]bool{}, first: true}
+}
+
+// nextBatch reads, FOR UPDATE SKIP LOCKED, the next waiting runs in
+// admission order (higher priority first, then oldest) after the last one
+// looked at, leaving out the definitions and keys already held.
+func (c *claimScan) nextBatch(ctx context.Context, tx pgx.Tx) ([]candidate, error) {
+	rows, err := tx.Query(ctx, `SELECT seq, name, key, priority, retry_at FROM warden_runs r
+		WHERE status = 1 AND name = ANY($1) AND NOT (name = ANY($2))
+		  AND NOT EXISTS (SELECT 1 FROM unnest($3::text[], $4::text[]) AS b(n, k) WHERE b.n = r.name AND b.k = r.key)
+		  AND ($5 OR priority < $6 OR (priority = $6 AND seq > $7))
+		ORDER BY priority DESC, seq LIMIT $8 FOR UPDATE SKIP LOCKED`,
+		c.names, c.blockedDefs, c.blockedKeyNames, c.blockedKeyKeys, c.first, c.curPrio, c.curSeq, claimBatch)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var batch []candidate
+	for rows.Next() {
+		var cand candidate
+		if err := rows.Scan(&cand.seq, &cand.k.name, &cand.k.key, &cand.prio, &cand.retryAt); err != nil {
+			return nil, err
+		}
+		batch = append(batch, cand)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	c.first = false
+	return batch, nil
+}
+
+// consider admits cand when its key, semaphores and pool have room, and
+// otherwise blocks its key or its definition for the rest of the claim.
+func (c *claimScan) consider(cand candidate) {
+	c.curPrio, c.curSeq = cand.prio, cand.seq
+	c.scanned++
+	if c.room == 0 || c.blockedDef[cand.k.name] || c.blockedKey[cand.k] {
+		return
+	}
+	d := c.req.Defs[cand.k.name]
+	if d.KeyLimit > 0 && c.g.perKey[cand.k] >= d.KeyLimit {
+		c.blockedKey[cand.k] = true
+		c.blockedKeyNames, c.blockedKeyKeys = append(c.blockedKeyNames, cand.k.name), append(c.blockedKeyKeys, cand.k.key)
+		return
+	}
+	sems, semFull := c.permits(d)
+	winStart, poolFull := c.poolRoom(d)
+	if semFull || poolFull {
+		c.blockedDef[cand.k.name] = true
+		c.blockedDefs = append(c.blockedDefs, cand.k.name)
+		return
+	}
+	c.take(cand, d, sems, winStart)
+}
+
+// permits lists the configured semaphores of d, each with a permit free;
+// full when one has none.
+func (c *claimScan) permits(d ClaimDef) (sems []string, full bool) {
+	for _, name := range d.Semaphores {
+		permits, ok := c.req.Semaphores[name]
+		if !ok {
+			continue // unconfigured: gates nothing
+		}
+		if c.g.held[name] >= permits {
+			return nil, true
+		}
+		sems = append(sems, name)
+	}
+	return sems, false
+}
+
+// poolRoom checks d's pool: full at its concurrency or its rate (then the
+// claimer is told to try again at the window's end); winStart is the rate
+// window a run admitted now counts in (0: no rate gate).
+func (c *claimScan) poolRoom(d ClaimDef) (winStart int64, full bool) {
+	p, ok := c.req.Pools[d.Pool]
+	if !ok || d.Pool == "" {
+		return 0, false
+	}
+	if p.Concurrency > 0 && c.g.perPool[d.Pool] >= p.Concurrency {
+		return 0, true
+	}
+	if p.Rate <= 0 {
+		return 0, false
+	}
+	if c.g.used[d.Pool] >= p.Rate {
+		if c.res.WakeAt == 0 || p.WindowEnd < c.res.WakeAt {
+			c.res.WakeAt = p.WindowEnd
+		}
+		return 0, true
+	}
+	return p.WindowStart, false
+}
+
+// take admits cand and counts it in every gate it holds.
+func (c *claimScan) take(cand candidate, d ClaimDef, sems []string, winStart int64) {
+	c.g.perKey[cand.k]++
+	if d.Pool != "" {
+		c.g.perPool[d.Pool]++
+		if winStart != 0 {
+			c.g.used[d.Pool]++
+		}
+	}
+	for _, name := range sems {
+		c.g.held[name]++
+	}
+	a := admission{seq: cand.seq, retryAt: cand.retryAt, winStart: winStart, sems: sems}
+	if winStart != 0 {
+		a.poolID = d.Pool
+	}
+	c.admitted = append(c.admitted, a)
+	c.room--
 }
 
 // recordClaims marks the admitted runs STARTING for the claimer, counts

@@ -105,11 +105,11 @@ func (sc *redisSidecar) waitStatus(id, status string) {
 	fasttest.WaitFor(sc.t, fmt.Sprintf("run %s %s", id, status), func() bool { return sc.get(id).Status == status })
 }
 
-// gatesState reads the scheduler's Redis gates under its lock.
-func (sc *redisSidecar) gatesState(f func(rg *redisGates) bool) bool {
+// gatesState reads the scheduler's Redis admitter under its lock.
+func (sc *redisSidecar) gatesState(f func(rg *redisAdmitter) bool) bool {
 	sc.s.mu.Lock()
 	defer sc.s.mu.Unlock()
-	return f(sc.s.rg)
+	return f(sc.s.adm.(*redisAdmitter))
 }
 
 // refusedBy waits until the sidecar's last shared admission was refused
@@ -117,7 +117,7 @@ func (sc *redisSidecar) gatesState(f func(rg *redisGates) bool) bool {
 func (sc *redisSidecar) refusedBy(control string) {
 	sc.t.Helper()
 	fasttest.WaitFor(sc.t, "a shared admission refused by "+control, func() bool {
-		return sc.gatesState(func(rg *redisGates) bool { return rg.global == control && !rg.passing })
+		return sc.gatesState(func(rg *redisAdmitter) bool { return rg.global == control && !rg.passing })
 	})
 }
 
@@ -305,7 +305,7 @@ func TestRedisSemaphoreAcrossSchedulers(t *testing.T) {
 		bs = append(bs, s2.submit("b", fmt.Sprintf(`{"r":"b%d"}`, i)))
 	}
 	fasttest.WaitFor(t, "b's runs held by the shared semaphore", func() bool {
-		return s2.gatesState(func(rg *redisGates) bool { return rg.notes["b"] == ControlSemaphore && !rg.passing })
+		return s2.gatesState(func(rg *redisAdmitter) bool { return rg.notes["b"] == ControlSemaphore && !rg.passing })
 	})
 	for _, id := range bs {
 		if v := s2.get(id); v.Status != "QUEUED" || deref(v.Control) != ControlSemaphore {
@@ -365,10 +365,10 @@ func TestRedisLanesKilledHolderExpire(t *testing.T) {
 
 	// One tick before the leases end: refused again.
 	var tick clock.Timer
-	sc.gatesState(func(rg *redisGates) bool { tick = rg.tick; return true })
+	sc.gatesState(func(rg *redisAdmitter) bool { tick = rg.tick; return true })
 	clk.Set(expiry.Add(-time.Millisecond))
 	fasttest.WaitFor(t, "the retry after the tick", func() bool {
-		return sc.gatesState(func(rg *redisGates) bool { return rg.tick != tick && rg.tickArmed && !rg.passing })
+		return sc.gatesState(func(rg *redisAdmitter) bool { return rg.tick != tick && rg.tickArmed && !rg.passing })
 	})
 	if v := sc.get(id); v.Status != "QUEUED" || deref(v.Control) != ControlLanes {
 		t.Fatalf("inside the dead holder's lease: %s control %s, want QUEUED lanes", v.Status, deref(v.Control))
@@ -547,7 +547,7 @@ func TestRedisPermitSweptWithoutHeartbeat(t *testing.T) {
 	w.next(t)
 	sc.waitStatus(silent, "RUNNING")
 	fasttest.WaitFor(t, "the accepted run's permit on a heartbeat lease", func() bool {
-		return sc.gatesState(func(*redisGates) bool { return sc.s.sweepAt != 0 })
+		return sc.gatesState(func(*redisAdmitter) bool { return sc.s.sweepAt != 0 })
 	})
 	next := sc.submit("job", `{"r":2}`)
 	if v := sc.get(next); v.Status != "QUEUED" || deref(v.Control) != ControlSemaphore {
