@@ -156,7 +156,7 @@ type SemaphoreState struct {
 }
 
 // Semaphores lists every configured semaphore, for GET /v1/semaphores.
-func (s *Scheduler) Semaphores() any {
+func (s *Scheduler) Semaphores() []SemaphoreState {
 	s.mu.Lock()
 	sh, rg := s.shared, s.rg
 	s.mu.Unlock()
