@@ -130,9 +130,6 @@ func New(opts Options) (*App, error) {
 // Governor exposes the controls, for tests and embedding.
 func (a *App) Governor() *governor.Governor { return a.gov }
 
-// Metrics exposes the metric set.
-func (a *App) Metrics() *metrics.Metrics { return a.metrics }
-
 // Started is closed once Run has bound every listener.
 func (a *App) Started() <-chan struct{} { return a.started }
 
