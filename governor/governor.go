@@ -85,14 +85,8 @@ func (g *Governor) refreshBreakerGauges() {
 	}
 }
 
-// Clock is the governor's time source.
-func (g *Governor) Clock() clock.Clock { return g.clk }
-
 // Counter is the window counter every control shares.
 func (g *Governor) Counter() window.Counter { return g.counter }
-
-// Metrics is the process's metric set.
-func (g *Governor) Metrics() *metrics.Metrics { return g.m }
 
 // Current returns the controls in force.
 func (g *Governor) Current() *Controls { return g.cur.Load() }

@@ -1,7 +1,6 @@
 package policy
 
 import (
-	"bytes"
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
@@ -10,9 +9,6 @@ import (
 	"io/fs"
 	"os"
 	"reflect"
-	"regexp"
-	"strconv"
-	"strings"
 	"time"
 
 	"gopkg.in/yaml.v3"
@@ -166,90 +162,6 @@ func (d *decoder) schema(t reflect.Type) *schema {
 		d.schemas[t] = s
 	}
 	return s
-}
-
-// ---- document ----
-
-var syntaxLine = regexp.MustCompile(`(?s)^yaml: line (\d+): (.*)$`)
-
-// document parses data into a node tree and returns its root, or nil after
-// reporting why there is none.
-func (d *decoder) document(data []byte) (root *yaml.Node) {
-	defer func() {
-		// yaml.v3 has panicked on hostile input before; a policy file must
-		// never take the process down.
-		if r := recover(); r != nil {
-			d.addf(Position{File: d.file, Line: 1, Column: 1}, "YAML parser failed: %v", r)
-			root = nil
-		}
-	}()
-	dec := yaml.NewDecoder(bytes.NewReader(data))
-	var doc yaml.Node
-	if err := dec.Decode(&doc); err != nil {
-		if errors.Is(err, io.EOF) {
-			d.addf(Position{File: d.file, Line: 1, Column: 1}, "the file is empty; a policy starts with version: 1")
-			return nil
-		}
-		d.syntax(err)
-		return nil
-	}
-	var extra yaml.Node
-	switch err := dec.Decode(&extra); {
-	case err == nil:
-		d.addf(d.pos(&extra), "a policy file holds one YAML document; remove everything from this second document on")
-	case !errors.Is(err, io.EOF):
-		d.syntax(err)
-		return nil
-	}
-	if len(doc.Content) == 0 {
-		d.addf(Position{File: d.file, Line: 1, Column: 1}, "the file is empty; a policy starts with version: 1")
-		return nil
-	}
-	root = resolve(doc.Content[0])
-	if root.Kind != yaml.MappingNode {
-		d.addf(d.pos(root), "a policy must be a mapping of sections (version: 1, ingress: ...), got %s", describe(root))
-		return nil
-	}
-	return root
-}
-
-// parserProblems are yaml.v3's parser (as opposed to scanner) errors. It
-// reports their line 0-based, and omits it when it is 0; scanner errors
-// carry a 1-based line.
-var parserProblems = map[string]bool{
-	"did not find expected <stream-start>":   true,
-	"did not find expected <document start>": true,
-	"did not find expected node content":     true,
-	"did not find expected '-' indicator":    true,
-	"did not find expected key":              true,
-	"did not find expected ',' or ']'":       true,
-	"did not find expected ',' or '}'":       true,
-	"found duplicate %YAML directive":        true,
-	"found incompatible YAML document":       true,
-	"found duplicate %TAG directive":         true,
-	"found undefined tag handle":             true,
-}
-
-// syntax reports a YAML syntax error. yaml.v3 gives only a line, so the
-// column is 1.
-func (d *decoder) syntax(err error) {
-	msg, line := strings.TrimPrefix(err.Error(), "yaml: "), 0
-	if m := syntaxLine.FindStringSubmatch(err.Error()); m != nil {
-		line, _ = strconv.Atoi(m[1])
-		msg = m[2]
-	}
-	if parserProblems[msg] {
-		line++
-	}
-	d.addf(Position{File: d.file, Line: max(line, 1), Column: 1}, "YAML syntax error: %s", msg)
-}
-
-// resolve follows an alias to the node it names.
-func resolve(n *yaml.Node) *yaml.Node {
-	for i := 0; n.Kind == yaml.AliasNode && n.Alias != nil && i < 8; i++ {
-		n = n.Alias
-	}
-	return n
 }
 
 // ---- walking ----
@@ -604,119 +516,4 @@ func (d *decoder) setNamePos(v reflect.Value, name string, pos Position) {
 	if s.posField >= 0 {
 		*v.Field(s.posField).Addr().Interface().(*Position) = pos
 	}
-}
-
-// pair is one key: value entry of a mapping; aliased marks one merged in
-// through an alias (<<: *base), which counts towards maxAliasValues.
-type pair struct {
-	k, v    *yaml.Node
-	aliased bool
-}
-
-// decodePair decodes the value of kv, found at path, into v.
-func (d *decoder) decodePair(path string, kv pair, v reflect.Value, c checks) {
-	if kv.aliased {
-		d.aliased++
-		defer func() { d.aliased-- }()
-	}
-	d.decode(path, kv.v, v, c)
-}
-
-// pairs lists the entries of mapping n in file order, reporting duplicate
-// and non-string keys, and expanding merge keys (<<: *base) the YAML way:
-// keys written in the mapping win over merged ones, earlier merges over
-// later ones.
-func (d *decoder) pairs(path string, n *yaml.Node) []pair {
-	own := map[string]*yaml.Node{}
-	// A mapping may have one << like any other key: yaml.v3 would keep the
-	// first of two, silently dropping what the second one merges.
-	var merge *yaml.Node // the first <<, the one that merges
-	for i := 0; i+1 < len(n.Content); i += 2 {
-		k := resolve(n.Content[i])
-		// Keys are counted too: an aliased mapping of unknown keys
-		// decodes no value, but reports every key each time.
-		if !d.step(path, k) {
-			return nil
-		}
-		if isMerge(k) {
-			if merge != nil {
-				d.addf(d.pos(k), "duplicate key %q %s (first at line %d); merge several mappings with one: <<: [*a, *b]", k.Value, where(path), merge.Line)
-				continue
-			}
-			merge = k
-			continue
-		}
-		if k.Kind != yaml.ScalarNode {
-			d.pathf(d.pos(k), path, "keys must be strings, got %s", describe(k))
-			continue
-		}
-		if first, dup := own[k.Value]; dup {
-			d.addf(d.pos(k), "duplicate key %q %s (first at line %d)", k.Value, where(path), first.Line)
-			continue
-		}
-		own[k.Value] = k
-	}
-	out := make([]pair, 0, len(own))
-	merged := map[string]bool{}
-	for i := 0; i+1 < len(n.Content); i += 2 {
-		k, v := resolve(n.Content[i]), n.Content[i+1]
-		if isMerge(k) {
-			if k != merge {
-				continue
-			}
-			for _, m := range d.mergeSources(path, v) {
-				if own[m.k.Value] == nil && !merged[m.k.Value] {
-					merged[m.k.Value] = true
-					out = append(out, m)
-				}
-			}
-			continue
-		}
-		if k.Kind == yaml.ScalarNode && own[k.Value] == k {
-			out = append(out, pair{k: k, v: v})
-		}
-	}
-	return out
-}
-
-func isMerge(k *yaml.Node) bool { return k.Kind == yaml.ScalarNode && k.ShortTag() == tagMerge }
-
-// mergeSources lists the pairs the value v of a << brings in. Pairs that
-// come through an alias (<<: *base, <<: [*a, *b]) are marked aliased, as
-// decoding them expands the alias.
-func (d *decoder) mergeSources(path string, v *yaml.Node) (out []pair) {
-	if v.Kind == yaml.AliasNode {
-		d.aliased++
-		defer func() {
-			d.aliased--
-			for i := range out {
-				out[i].aliased = true
-			}
-		}()
-	}
-	v = resolve(v)
-	if d.merges[v] {
-		d.pathf(d.pos(v), path, "<< merges a mapping into itself")
-		return nil
-	}
-	if !d.step(path, v) {
-		return nil
-	}
-	d.merges[v] = true
-	defer delete(d.merges, v)
-	switch v.Kind {
-	case yaml.MappingNode:
-		return d.pairs(path, v)
-	case yaml.SequenceNode:
-		for _, item := range v.Content {
-			if r := resolve(item); r.Kind != yaml.MappingNode {
-				d.pathf(d.pos(r), path, "<< takes a mapping or a list of mappings, got %s", describe(r))
-				continue
-			}
-			out = append(out, d.mergeSources(path, item)...)
-		}
-		return out
-	}
-	d.pathf(d.pos(v), path, "<< takes a mapping or a list of mappings, got %s", describe(v))
-	return nil
 }

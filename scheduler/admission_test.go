@@ -323,7 +323,7 @@ func TestSemaphoreSharedByDefinitions(t *testing.T) {
 			t.Fatalf("run %s control %s, want semaphore", id, deref(v.Control))
 		}
 	}
-	if s := h.sched.Semaphores().([]SemaphoreState); len(s) != 1 || s[0] != (SemaphoreState{"legacy_erp", 2, 2}) {
+	if s := h.sched.Semaphores(); len(s) != 1 || s[0] != (SemaphoreState{"legacy_erp", 2, 2}) {
 		t.Fatalf("semaphores %+v", s)
 	}
 	for i, id := range ids {

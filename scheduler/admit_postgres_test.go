@@ -362,7 +362,7 @@ func TestSharedStoreControlsAndWindowBoundary(t *testing.T) {
 	// GET /v1/queues names what holds each definition's and key's next
 	// run, read from the shared gates as the runs' views are.
 	got := map[string]string{}
-	for _, r := range h.sched.Queues().([]QueueState) {
+	for _, r := range h.sched.Queues() {
 		name := r.Scope + ":" + r.Definition + r.Pool
 		if r.Key != nil {
 			name += ":" + *r.Key

@@ -122,7 +122,7 @@ func (sc *redisSidecar) refusedBy(control string) {
 }
 
 func (sc *redisSidecar) semaphoreHeld(name string) int {
-	for _, st := range sc.s.Semaphores().([]SemaphoreState) {
+	for _, st := range sc.s.Semaphores() {
 		if st.Name == name {
 			return st.Held
 		}

@@ -264,7 +264,7 @@ func TestRestartKeepsSemaphoreWithinPermits(t *testing.T) {
 	h.shutdown()
 
 	h2 := newHarness(t, yaml, withDataDir(dir), withGovernor(h.gov, h.fake))
-	sems, _ := h2.sched.Semaphores().([]SemaphoreState)
+	sems := h2.sched.Semaphores()
 	if len(sems) != 1 || sems[0].Held > sems[0].Permits {
 		t.Fatalf("semaphores after restart: %+v", sems)
 	}

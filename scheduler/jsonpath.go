@@ -1,3 +1,19 @@
+// lookupJSON exists because a definition key (${input.a.b}) is resolved
+// at every submit, and a walk that decodes each level into a map of
+// json.RawMessage costs 5-10x the time and 15-41 allocations where this
+// scanner makes one (the key string). Medians of 5 on 2 shared cores:
+//
+//	go test -run '^$' -bench LookupJSON -benchmem -count=5 ./scheduler
+//
+//	input (bytes)    scanner           json.RawMessage walk
+//	small (37)       403 ns, 1 alloc   4.4 µs, 15 allocs
+//	nested (99)      940 ns, 1 alloc   9.2 µs, 34 allocs
+//	large (2401)     27.7 µs, 1 alloc  143 µs, 41 allocs
+//
+// tidwall/gjson is faster still (0.2 µs / 0.2 µs / 2.6 µs) but takes the
+// first of repeated names where encoding/json, and so this scanner, takes
+// the last: it would change which key a run gets.
+
 package scheduler
 
 import (

@@ -28,7 +28,7 @@ const maxKeyRows = 100
 // running?"). It walks each group's waiting runs once: O(waiting runs) in
 // time, and memory in the rows it answers (definitions and pools, and at
 // most maxKeyRows keys of each definition), not in the keys.
-func (s *Scheduler) Queues() any {
+func (s *Scheduler) Queues() []QueueState {
 	now := s.clk.Now()
 	s.mu.Lock()
 	started, adm := s.started, s.adm

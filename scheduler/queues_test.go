@@ -34,7 +34,7 @@ func TestQueuesKeyRowsAreBounded(t *testing.T) {
 
 	var before, after runtime.MemStats
 	runtime.ReadMemStats(&before)
-	rows := h.sched.Queues().([]QueueState)
+	rows := h.sched.Queues()
 	runtime.ReadMemStats(&after)
 	var keyRows []QueueState
 	for _, r := range rows {

@@ -51,7 +51,7 @@ func TestReload(t *testing.T) {
 	if r := h.do("POST", "", `{"name":"legacy"}`); r.code != 400 || !strings.Contains(string(r.body), "unknown definition") {
 		t.Fatalf("submit of a removed definition: %d %s", r.code, r.body)
 	}
-	queues := h.sched.Queues().([]QueueState)
+	queues := h.sched.Queues()
 	found := false
 	for _, q := range queues {
 		if q.Scope == "definition" && q.Definition == "legacy" {
@@ -96,7 +96,7 @@ func TestQueuesAndMetrics(t *testing.T) {
 	w.next(t)
 	w.next(t)
 	got := map[string]QueueState{}
-	for _, q := range h.sched.Queues().([]QueueState) {
+	for _, q := range h.sched.Queues() {
 		k := q.Scope + ":" + q.Definition + q.Pool
 		if q.Key != nil {
 			k += ":" + *q.Key

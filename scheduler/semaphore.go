@@ -164,7 +164,7 @@ type SemaphoreState struct {
 }
 
 // Semaphores lists every configured semaphore, for GET /v1/semaphores.
-func (s *Scheduler) Semaphores() any {
+func (s *Scheduler) Semaphores() []SemaphoreState {
 	s.mu.Lock()
 	adm := s.adm
 	s.mu.Unlock()

@@ -12,7 +12,6 @@ package limits
 import (
 	"bytes"
 	"context"
-	"errors"
 	"fmt"
 	"strconv"
 	"sync"
@@ -243,8 +242,6 @@ func BenchmarkWardenBreakerAllowDone(b *testing.B) {
 		}
 	})
 }
-
-var errUpstream = errors.New("upstream")
 
 func BenchmarkGobreakerExecute(b *testing.B) {
 	cb := gobreaker.NewCircuitBreaker[struct{}](gobreaker.Settings{

@@ -65,13 +65,6 @@ func (s *scripted) Accept() (net.Conn, error) {
 	}
 }
 
-func (s *scripted) add(steps ...error) {
-	s.mu.Lock()
-	s.script = append(s.script, steps...)
-	s.mu.Unlock()
-	s.wake()
-}
-
 func (s *scripted) wake() {
 	select {
 	case s.next <- struct{}{}:

@@ -17,8 +17,12 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"github.com/warden-dev/warden/governor/breaker"
 	"github.com/warden-dev/warden/governor/metrics"
+	"github.com/warden-dev/warden/governor/pool"
 	"github.com/warden-dev/warden/governor/tenant"
+	"github.com/warden-dev/warden/proxy/bridge"
+	"github.com/warden-dev/warden/scheduler"
 )
 
 // PolicyStatus is the body of GET /v1/policy.
@@ -51,18 +55,18 @@ type Sources struct {
 	// other error says nothing changed.
 	Reload func() error
 
-	Pools      func() any
+	Pools      func() []pool.Snapshot
 	ResetPool  func(id string) bool // false: no such pool
 	ResetPools func()
-	Breakers   func() any
+	Breakers   func() []breaker.Snapshot
 	// Tenants lists a page of at most limit tenant windows after the
 	// cursor (nil: from the top), and the next page's cursor (nil: none),
 	// as tenant.List; Tenant looks one tenant up, as tenant.Find.
 	Tenants    func(limit int, after *tenant.Cursor) ([]tenant.Usage, *tenant.Cursor)
 	Tenant     func(name string) []tenant.Usage
-	Bridges    func() any
-	Semaphores func() any
-	Queues     func() any
+	Bridges    func() []bridge.Snapshot
+	Semaphores func() []scheduler.SemaphoreState
+	Queues     func() []scheduler.QueueState
 }
 
 // Config is the admin listener's configuration.
@@ -250,13 +254,13 @@ func constantTimeEqual(a, b string) bool {
 
 // list serves a list source, written element by element (writeList); a
 // nil source or slice is [].
-func list(src func() any) http.HandlerFunc {
+func list[T any](src func() []T) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
-		var v any
+		var rows []T
 		if src != nil {
-			v = src()
+			rows = src()
 		}
-		writeList(w, http.StatusOK, v)
+		writeList(w, http.StatusOK, rows)
 	}
 }
 

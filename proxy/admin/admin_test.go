@@ -13,6 +13,7 @@ import (
 	"testing"
 
 	"github.com/warden-dev/warden/governor/metrics"
+	"github.com/warden-dev/warden/governor/pool"
 )
 
 func TestAuthorization(t *testing.T) {
@@ -68,7 +69,7 @@ func TestAuthorization(t *testing.T) {
 
 func TestListsAreArraysAndGetsNeedNoToken(t *testing.T) {
 	srv := httptest.NewServer(New(Config{Metrics: metrics.New(), Log: slog.New(slog.NewTextHandler(io.Discard, nil)),
-		Sources: Sources{Pools: func() any { var none []int; return none }}}))
+		Sources: Sources{Pools: func() []pool.Snapshot { return nil }}}))
 	defer srv.Close()
 	for _, path := range []string{"/v1/pools", "/v1/breakers", "/v1/tenants", "/v1/bridges", "/v1/semaphores", "/v1/queues"} {
 		resp, err := http.Get(srv.URL + path)

@@ -18,6 +18,7 @@ import (
 	"github.com/warden-dev/warden/governor/tenant"
 	"github.com/warden-dev/warden/governor/window"
 	"github.com/warden-dev/warden/policy"
+	"github.com/warden-dev/warden/scheduler"
 )
 
 // tenantsAPI serves the admin API over an ingress tenant cap holding n
@@ -170,20 +171,20 @@ func TestWriteListMatchesTheEncoder(t *testing.T) {
 	}
 	rows := []row{{"a<b>", 1, map[string]uint64{"x": 1}}, {"caf\xe9", 2, nil}}
 	tests := []struct {
-		v    any
-		want string
+		name  string
+		write func(w http.ResponseWriter)
+		want  string
 	}{
-		{rows, encoded(rows)},
-		{[]int{1}, encoded([]int{1})},
-		{[]row{}, "[]\n"},
-		{[]row(nil), "[]\n"},
-		{nil, "[]\n"},
+		{"rows", func(w http.ResponseWriter) { writeList(w, 200, rows) }, encoded(rows)},
+		{"ints", func(w http.ResponseWriter) { writeList(w, 200, []int{1}) }, encoded([]int{1})},
+		{"empty", func(w http.ResponseWriter) { writeList(w, 200, []row{}) }, "[]\n"},
+		{"nil", func(w http.ResponseWriter) { writeList[row](w, 200, nil) }, "[]\n"},
 	}
 	for _, tc := range tests {
 		rec := httptest.NewRecorder()
-		writeList(rec, 200, tc.v)
+		tc.write(rec)
 		if rec.Body.String() != tc.want || rec.Header().Get("Content-Type") != "application/json" {
-			t.Errorf("%#v:\n%s\nwant\n%s", tc.v, rec.Body, tc.want)
+			t.Errorf("%s:\n%s\nwant\n%s", tc.name, rec.Body, tc.want)
 		}
 	}
 }
@@ -202,18 +203,14 @@ func (w *writeSizes) Write(b []byte) (int, error) {
 // Every list view goes out element by element: no write carries more than
 // one element, so an answer never sits whole in memory.
 func TestListsAreWrittenElementByElement(t *testing.T) {
-	type row struct {
-		Name string `json:"name"`
-		N    int    `json:"n"`
-	}
-	rows := make([]row, 1000)
+	rows := make([]scheduler.SemaphoreState, 1000)
 	for i := range rows {
-		rows[i] = row{Name: "row-" + strconv.Itoa(i), N: i}
+		rows[i] = scheduler.SemaphoreState{Name: "row-" + strconv.Itoa(i), Permits: i}
 	}
 	api := New(Config{Metrics: metrics.New(), Log: slog.New(slog.NewTextHandler(io.Discard, nil)),
-		Sources: Sources{Pools: func() any { return rows }}})
+		Sources: Sources{Semaphores: func() []scheduler.SemaphoreState { return rows }}})
 	w := &writeSizes{ResponseRecorder: *httptest.NewRecorder()}
-	api.ServeHTTP(w, httptest.NewRequest(http.MethodGet, "/v1/pools", nil))
+	api.ServeHTTP(w, httptest.NewRequest(http.MethodGet, "/v1/semaphores", nil))
 	total := 0
 	for _, n := range w.sizes {
 		total += n

@@ -147,6 +147,3 @@ func (a *Admission) Release() {
 	}
 	a.n = 0
 }
-
-// Outcome maps an HTTP status to the breaker's classification.
-func Outcome(status int) breaker.Outcome { return breaker.ClassifyHTTP(status) }

@@ -33,7 +33,7 @@ type Snapshot struct {
 }
 
 // Bridges lists every bridge in policy order (the admin API's /v1/bridges).
-func (s *Set) Bridges() any {
+func (s *Set) Bridges() []Snapshot {
 	now := s.clk.Now()
 	bs := s.inOrder()
 	out := make([]Snapshot, 0, len(bs))

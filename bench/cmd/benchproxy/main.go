@@ -13,19 +13,14 @@ package main
 
 import (
 	"context"
-	"errors"
 	"flag"
 	"fmt"
-	"io"
 	"net"
-	"net/http"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"runtime"
 	"slices"
 	"strings"
-	"syscall"
 	"time"
 
 	"github.com/valyala/fasthttp"
@@ -149,13 +144,8 @@ const relayRow = "epoll relay (TCP)"
 // pipelinedRow names the pipelined floor's row (serveFloor).
 const pipelinedRow = "floor, pipelined"
 
-// path is one way to reach the upstream.
-type path struct {
-	name, addr string
-	pid        int    // the process whose CPU the path costs (the proxy; the upstream for direct)
-	missing    string // why it was not measured
-}
-
+// run starts the upstream and every path to it, waits until each serves,
+// and measures them.
 func run(o options) error {
 	out, err := filepath.Abs(o.out)
 	if err != nil {
@@ -164,111 +154,13 @@ func run(o options) error {
 	if err := os.MkdirAll(out, 0o755); err != nil {
 		return err
 	}
-	ports := freePorts(13)
-	upAddr := ports[0]
-	var procs []*proc
-	defer func() {
-		for i := len(procs) - 1; i >= 0; i-- {
-			procs[i].stop()
-		}
-	}()
 	self, _ := os.Executable()
-	up, err := start(out, "upstream", nil, self, "upstream", upAddr)
+	l := &lab{out: out, self: self, ports: freePorts(13)}
+	defer l.stop()
+	paths, err := l.startPaths(o.warden)
 	if err != nil {
 		return err
 	}
-	procs = append(procs, up)
-	paths := []path{{name: "direct", addr: upAddr, pid: up.cmd.Process.Pid}}
-
-	wardenPolicy := filepath.Join(out, "warden.yaml")
-	ingress, egress, admin := ports[1], ports[2], ports[3]
-	if err := os.WriteFile(wardenPolicy, []byte(fmt.Sprintf(wardenYAML, admin, ingress, upAddr, egress, upAddr)), 0o644); err != nil {
-		return err
-	}
-	w, err := start(out, "warden", nil, o.warden, "run", "--policy", wardenPolicy, "--data-dir", filepath.Join(out, "warden-data"), "--log-level", "warn")
-	if err != nil {
-		return err
-	}
-	procs = append(procs, w)
-	wpid := w.cmd.Process.Pid
-	paths = append(paths, path{name: "warden ingress", addr: ingress, pid: wpid}, path{name: "warden egress", addr: egress, pid: wpid})
-
-	// The same warden on one P (GOMAXPROCS=1): on a machine this small,
-	// shared with the generator and the upstream, it shows what the Go
-	// scheduler's idle-P spinning and thread wake-ups cost.
-	onePolicy := filepath.Join(out, "warden-1p.yaml")
-	ingress1, egress1, admin1 := ports[6], ports[7], ports[8]
-	if err := os.WriteFile(onePolicy, []byte(fmt.Sprintf(wardenYAML, admin1, ingress1, upAddr, egress1, upAddr)), 0o644); err != nil {
-		return err
-	}
-	w1, err := start(out, "warden-1p", []string{"GOMAXPROCS=1"}, o.warden, "run", "--policy", onePolicy, "--data-dir", filepath.Join(out, "warden-1p-data"), "--log-level", "warn")
-	if err != nil {
-		return err
-	}
-	procs = append(procs, w1)
-	w1pid := w1.cmd.Process.Pid
-	paths = append(paths, path{name: "warden ingress 1P", addr: ingress1, pid: w1pid}, path{name: "warden egress 1P", addr: egress1, pid: w1pid})
-
-	for _, fl := range []struct{ row, log, addr, mode string }{
-		{"fasthttp floor", "floor", ports[9], ""},
-		{"floor, raw I/O", "floor-raw", ports[10], "raw"},
-		{pipelinedRow, "floor-pipelined", ports[12], "pipelined"},
-	} {
-		p, err := start(out, fl.log, nil, self, "floor", fl.addr, upAddr, fl.mode)
-		if err != nil {
-			return err
-		}
-		procs = append(procs, p)
-		paths = append(paths, path{name: fl.row, addr: fl.addr, pid: p.cmd.Process.Pid})
-	}
-	relayPath := path{name: relayRow, addr: ports[11]}
-	if runtime.GOOS != "linux" {
-		relayPath.missing = "needs Linux (epoll)"
-	} else {
-		relay, err := start(out, "relay", nil, self, "relay", ports[11], upAddr)
-		if err != nil {
-			return err
-		}
-		procs = append(procs, relay)
-		relayPath.pid = relay.cmd.Process.Pid
-	}
-	paths = append(paths, relayPath)
-
-	nginxPath := path{name: "nginx", addr: ports[4]}
-	if bin, err := exec.LookPath("nginx"); err != nil {
-		nginxPath.missing = "nginx not installed (apt-get install -y nginx)"
-	} else {
-		dir := filepath.Join(out, "nginx")
-		_ = os.MkdirAll(filepath.Join(dir, "logs"), 0o755)
-		conf := filepath.Join(dir, "nginx.conf")
-		if err := os.WriteFile(conf, []byte(fmt.Sprintf(nginxConf, dir, dir, upAddr, nginxPath.addr)), 0o644); err != nil {
-			return err
-		}
-		p, err := start(out, "nginx", nil, bin, "-p", dir+"/", "-c", conf, "-e", "stderr", "-g", "daemon off;")
-		if err != nil {
-			nginxPath.missing = err.Error()
-		} else {
-			procs = append(procs, p)
-			nginxPath.pid = p.cmd.Process.Pid
-		}
-	}
-	haPath := path{name: "haproxy", addr: ports[5]}
-	if bin, err := exec.LookPath("haproxy"); err != nil {
-		haPath.missing = "haproxy not installed (apt-get install -y haproxy)"
-	} else {
-		conf := filepath.Join(out, "haproxy.cfg")
-		if err := os.WriteFile(conf, []byte(fmt.Sprintf(haproxyCfg, haPath.addr, upAddr)), 0o644); err != nil {
-			return err
-		}
-		p, err := start(out, "haproxy", nil, bin, "-f", conf, "-db")
-		if err != nil {
-			haPath.missing = err.Error()
-		} else {
-			procs = append(procs, p)
-			haPath.pid = p.cmd.Process.Pid
-		}
-	}
-	paths = append(paths, nginxPath, haPath)
 	for _, p := range paths {
 		if p.missing != "" {
 			continue
@@ -278,137 +170,6 @@ func run(o options) error {
 		}
 	}
 	return measure(o, out, paths)
-}
-
-const wardenYAML = `version: 1
-shutdown_grace: 5s
-admin: { listen: %s }
-ingress:
-  listen: %s
-  worker: http://%s
-  tenant: { header: x-tenant-id, rate: 1000000000, window: 60 }
-egress:
-  http_listen: %s
-  allow_unlisted: false
-  tenant: { header: x-tenant-id, rate: 1000000000, window: 60 }
-targets:
-  - name: api
-    hosts: [api.bench]
-    upstream: http://%s
-    circuit_breaker: { enabled: true }
-    pools: [api]
-pools:
-  api: { concurrency: 100000, rate: 1000000000, window: 60, queue: 1000 }
-`
-
-// nginxConf: 2 workers, keep-alive to the upstream, no logging.
-const nginxConf = `worker_processes 2;
-pid %s/nginx.pid;
-events { worker_connections 4096; }
-http {
-  access_log off;
-  client_body_temp_path %s/tmp;
-  upstream up { server %s; keepalive 128; }
-  server {
-    listen %s;
-    location / {
-      proxy_pass http://up;
-      proxy_http_version 1.1;
-      proxy_set_header Connection "";
-    }
-  }
-}
-`
-
-// haproxyCfg: 2 threads, keep-alive both sides, connection reuse.
-const haproxyCfg = `global
-  nbthread 2
-  maxconn 4096
-defaults
-  mode http
-  timeout connect 5s
-  timeout client 30s
-  timeout server 30s
-  option http-keep-alive
-  http-reuse always
-frontend fe
-  bind %s
-  default_backend be
-backend be
-  server up %s maxconn 1000
-`
-
-type proc struct {
-	name string
-	cmd  *exec.Cmd
-	done chan struct{}
-}
-
-// start runs a process with its output in out/<name>.log; env is added
-// to this process's environment.
-func start(out, name string, env []string, bin string, args ...string) (*proc, error) {
-	log, err := os.Create(filepath.Join(out, name+".log"))
-	if err != nil {
-		return nil, err
-	}
-	cmd := exec.Command(bin, args...)
-	cmd.Env = append(os.Environ(), env...)
-	cmd.Stdout, cmd.Stderr = log, log
-	if err := cmd.Start(); err != nil {
-		log.Close()
-		return nil, fmt.Errorf("start %s: %w", name, err)
-	}
-	p := &proc{name: name, cmd: cmd, done: make(chan struct{})}
-	go func() { _ = cmd.Wait(); log.Close(); close(p.done) }()
-	return p, nil
-}
-
-// stop ends the process by its PID: SIGTERM, then SIGKILL after 5 s.
-func (p *proc) stop() {
-	_ = p.cmd.Process.Signal(syscall.SIGTERM)
-	select {
-	case <-p.done:
-	case <-time.After(5 * time.Second):
-		_ = p.cmd.Process.Kill()
-		<-p.done
-	}
-}
-
-func freePorts(n int) []string {
-	var lns []net.Listener
-	var addrs []string
-	for range n {
-		ln, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			panic(err)
-		}
-		lns = append(lns, ln)
-		addrs = append(addrs, ln.Addr().String())
-	}
-	for _, ln := range lns {
-		ln.Close()
-	}
-	return addrs
-}
-
-// waitServing waits until addr answers an HTTP request.
-func waitServing(addr string) error {
-	deadline := time.Now().Add(20 * time.Second)
-	c := &http.Client{Timeout: time.Second}
-	for time.Now().Before(deadline) {
-		req, _ := http.NewRequest("GET", "http://"+addr+"/", nil)
-		req.Host = "api.bench"
-		req.Header.Set("X-Tenant-Id", "bench")
-		if resp, err := c.Do(req); err == nil {
-			io.Copy(io.Discard, resp.Body)
-			resp.Body.Close()
-			if resp.StatusCode == 200 {
-				return nil
-			}
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-	return errors.New("not serving after 20 s")
 }
 
 func load(o options, addr string, rate float64) (*loadgen.Result, error) {

@@ -7,6 +7,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -96,37 +97,13 @@ func flood(ctx context.Context, s *scenario, capped bool) error {
 
 	ready := pollReadyz(ctx, w)
 	defer ready.stop()
-	var mu sync.Mutex
-	var probes []listenerProbe
-	var probing []*repeater
-	for _, l := range []endpoint{{"ingress", ingress, ingress}, {"egress", egress, "up.chaos"}} {
-		c := &http.Client{Timeout: probeTimeout, Transport: &http.Transport{DisableKeepAlives: true}}
-		r := repeat(ctx, 250*time.Millisecond, func(ctx context.Context) {
-			p := probeListener(ctx, c, l.name, l.addr, l.host)
-			if ctx.Err() == nil {
-				mu.Lock()
-				probes = append(probes, p)
-				mu.Unlock()
-			}
-		})
-		defer r.stop()
-		probing = append(probing, r)
-	}
+	pr := probeListeners(ctx, []endpoint{{"ingress", ingress, ingress}, {"egress", egress, "up.chaos"}})
+	defer pr.stop()
 	if !sleep(ctx, time.Second) {
 		return ctx.Err()
 	}
-	floods := make([]*flooder, 2)
-	errs := make([]error, 2)
-	var fwg sync.WaitGroup
-	for i, addr := range []string{ingress, egress} {
-		fwg.Add(1)
-		go func() {
-			defer fwg.Done()
-			floods[i], errs[i] = s.startFlood(addr, per)
-		}()
-	}
-	fwg.Wait()
-	if err := errors.Join(errs...); err != nil {
+	floods, err := s.startFloods([]string{ingress, egress}, per)
+	if err != nil {
 		return err
 	}
 	sleep(ctx, hold)
@@ -134,61 +111,28 @@ func flood(ctx context.Context, s *scenario, capped bool) error {
 	released := time.Now()
 	// Both listeners must serve again; wait for it (bounded), then a little
 	// more to see that they stay serving.
-	servedAgain := map[string]time.Time{}
+	var servedAgain map[string]time.Time
 	waitFor(ctx, 20*time.Second, func() bool {
-		mu.Lock()
-		defer mu.Unlock()
-		for _, p := range probes {
-			if p.sent.After(released) && p.result == "served" && p.status == 200 && servedAgain[p.listener].IsZero() {
-				servedAgain[p.listener] = p.done
-			}
-		}
+		servedAgain = pr.servedAfter(released)
 		return len(servedAgain) == 2
 	})
 	sleep(ctx, 2*time.Second)
-	for _, r := range probing {
-		r.stop()
-	}
+	pr.stop()
 	ready.stop()
 
-	// A lie: a probe stalled (the listener was not accepting) while every
-	// /readyz answer in that time said 200, or did not name the listener.
-	lies, stalled := 0, 0
-	var example string
-	counts := map[string]int{}
-	for _, p := range probes {
-		counts[p.listener+" "+p.result]++
-		if p.result != "stalled" {
-			continue
-		}
-		stalled++
-		rs := ready.between(p.sent, p.done.Add(100*time.Millisecond))
-		told := false
-		for _, r := range rs {
-			if r.code == 503 && strings.Contains(r.body, p.listener) {
-				told = true
-			}
-		}
-		if len(rs) > 0 && !told {
-			lies++
-			if example == "" {
-				example = fmt.Sprintf("(%s stalled %s while /readyz said %d %.80s)", p.listener,
-					relative(p.sent, released, "the release"), rs[0].code, strings.TrimSpace(rs[0].body))
-			}
-		}
-	}
+	t := tallyProbes(pr.all(), ready, released)
 	var recovery time.Duration
-	for _, t := range servedAgain {
-		recovery = max(recovery, t.Sub(released))
+	for _, when := range servedAgain {
+		recovery = max(recovery, when.Sub(released))
 	}
 	if len(servedAgain) == 2 {
 		s.row.recovery = recovery
 	}
 	refused, _ := w.metric(ctx, "warden_listener_refused_total")
 	acceptErrs, _ := w.metric(ctx, "warden_listener_accept_errors_total")
-	s.row.lostRequests = counts["ingress stalled"] + counts["egress stalled"]
+	s.row.lostRequests = t.counts["ingress stalled"] + t.counts["egress stalled"]
 	s.row.clientErrors = 0
-	for k, n := range counts {
+	for k, n := range t.counts {
 		if !strings.HasSuffix(k, "served") {
 			s.row.clientErrors += n
 		}
@@ -200,11 +144,119 @@ func flood(ctx context.Context, s *scenario, capped bool) error {
 	samePID := w.pid() == pid
 	s.row.check("listeners-serve-again", len(servedAgain) == 2 && samePID,
 		"after the flood: ingress served again %v, egress %v (after release); same process: %v; probes %v",
-		at(servedAgain["ingress"], released), at(servedAgain["egress"], released), samePID, counts)
-	s.row.check("readyz-truthful", lies == 0,
-		"%d probes stalled (listener not accepting), %d of them while /readyz answered without a 503 naming it %s", stalled, lies, example)
+		at(servedAgain["ingress"], released), at(servedAgain["egress"], released), samePID, t.counts)
+	s.row.check("readyz-truthful", t.lies == 0,
+		"%d probes stalled (listener not accepting), %d of them while /readyz answered without a 503 naming it %s", t.stalled, t.lies, t.example)
 	s.settle()
 	return nil
+}
+
+// prober probes listeners on new connections, every 250 ms each, and
+// keeps every answer.
+type prober struct {
+	mu      sync.Mutex
+	probes  []listenerProbe
+	running []*repeater
+}
+
+func probeListeners(ctx context.Context, eps []endpoint) *prober {
+	pr := &prober{}
+	for _, l := range eps {
+		c := &http.Client{Timeout: probeTimeout, Transport: &http.Transport{DisableKeepAlives: true}}
+		pr.running = append(pr.running, repeat(ctx, 250*time.Millisecond, func(ctx context.Context) {
+			p := probeListener(ctx, c, l.name, l.addr, l.host)
+			if ctx.Err() == nil {
+				pr.mu.Lock()
+				pr.probes = append(pr.probes, p)
+				pr.mu.Unlock()
+			}
+		}))
+	}
+	return pr
+}
+
+// stop ends the probes; a second call does nothing.
+func (pr *prober) stop() {
+	for _, r := range pr.running {
+		r.stop()
+	}
+}
+
+// all is every probe so far, in the order they ended.
+func (pr *prober) all() []listenerProbe {
+	pr.mu.Lock()
+	defer pr.mu.Unlock()
+	return slices.Clone(pr.probes)
+}
+
+// servedAfter is, per listener, when the first probe sent after t was
+// served a 200.
+func (pr *prober) servedAfter(t time.Time) map[string]time.Time {
+	pr.mu.Lock()
+	defer pr.mu.Unlock()
+	served := map[string]time.Time{}
+	for _, p := range pr.probes {
+		if p.sent.After(t) && p.result == "served" && p.status == 200 && served[p.listener].IsZero() {
+			served[p.listener] = p.done
+		}
+	}
+	return served
+}
+
+// startFloods starts a flood of per idle connections to each address at
+// once.
+func (s *scenario) startFloods(addrs []string, per int) ([]*flooder, error) {
+	floods := make([]*flooder, len(addrs))
+	errs := make([]error, len(addrs))
+	var wg sync.WaitGroup
+	for i, addr := range addrs {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			floods[i], errs[i] = s.startFlood(addr, per)
+		}()
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		return nil, err
+	}
+	return floods, nil
+}
+
+// probeTally counts the probes by listener and result ("ingress served"),
+// and the lies among them: a probe stalled (the listener was not
+// accepting) while every /readyz answer in that time said 200, or did not
+// name the listener.
+type probeTally struct {
+	counts        map[string]int
+	stalled, lies int
+	example       string // the first lie, told relative to released
+}
+
+func tallyProbes(probes []listenerProbe, ready *readyzPoller, released time.Time) probeTally {
+	t := probeTally{counts: map[string]int{}}
+	for _, p := range probes {
+		t.counts[p.listener+" "+p.result]++
+		if p.result != "stalled" {
+			continue
+		}
+		t.stalled++
+		rs := ready.between(p.sent, p.done.Add(100*time.Millisecond))
+		told := false
+		for _, r := range rs {
+			if r.code == 503 && strings.Contains(r.body, p.listener) {
+				told = true
+			}
+		}
+		if len(rs) > 0 && !told {
+			t.lies++
+			if t.example == "" {
+				t.example = fmt.Sprintf("(%s stalled %s while /readyz said %d %.80s)", p.listener,
+					relative(p.sent, released, "the release"), rs[0].code, strings.TrimSpace(rs[0].body))
+			}
+		}
+	}
+	return t
 }
 
 // relative says when t was, before or after ref (named what).

@@ -6,6 +6,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/warden-dev/warden/governor/breaker"
+	"github.com/warden-dev/warden/governor/pool"
 	"github.com/warden-dev/warden/governor/tenant"
 	"github.com/warden-dev/warden/policy"
 	"github.com/warden-dev/warden/proxy/admin"
@@ -62,7 +64,7 @@ func (a *App) adminSources() admin.Sources {
 			return st
 		},
 		Reload: a.Reload,
-		Pools: func() any {
+		Pools: func() []pool.Snapshot {
 			return a.gov.Current().Pools.Snapshots(a.clk.Now())
 		},
 		ResetPool: func(id string) bool {
@@ -74,44 +76,15 @@ func (a *App) adminSources() admin.Sources {
 			return true
 		},
 		ResetPools: func() { a.gov.Current().Pools.ResetAll() },
-		Breakers:   func() any { return a.gov.Current().BreakerSnapshots() },
+		Breakers:   func() []breaker.Snapshot { return a.gov.Current().BreakerSnapshots() },
 		Tenants: func(limit int, after *tenant.Cursor) ([]tenant.Usage, *tenant.Cursor) {
 			return a.gov.Current().Tenants(limit, after, a.clk.Now())
 		},
-		Tenant: func(name string) []tenant.Usage { return a.gov.Current().Tenant(name, a.clk.Now()) },
-		Bridges: a.componentList(func(c Component) (func() any, bool) {
-			b, ok := c.(interface{ Bridges() any })
-			if !ok {
-				return nil, false
-			}
-			return b.Bridges, true
-		}),
-		Semaphores: a.componentList(func(c Component) (func() any, bool) {
-			s, ok := c.(interface{ Semaphores() any })
-			if !ok {
-				return nil, false
-			}
-			return s.Semaphores, true
-		}),
-		Queues: a.componentList(func(c Component) (func() any, bool) {
-			q, ok := c.(interface{ Queues() any })
-			if !ok {
-				return nil, false
-			}
-			return q.Queues, true
-		}),
+		Tenant:     func(name string) []tenant.Usage { return a.gov.Current().Tenant(name, a.clk.Now()) },
+		Bridges:    a.bridges.Bridges,
+		Semaphores: a.sched.Semaphores,
+		Queues:     a.sched.Queues,
 	}
-}
-
-// componentList finds the component serving a list endpoint; nil when none
-// does (that part of warden is not built in).
-func (a *App) componentList(pick func(Component) (func() any, bool)) func() any {
-	for _, c := range a.components {
-		if f, ok := pick(c); ok {
-			return f
-		}
-	}
-	return nil
 }
 
 // ready reports whether every started component can serve. Once the

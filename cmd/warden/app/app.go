@@ -20,7 +20,9 @@ import (
 	"github.com/warden-dev/warden/governor/metrics"
 	"github.com/warden-dev/warden/policy"
 	"github.com/warden-dev/warden/proxy/admin"
+	"github.com/warden-dev/warden/proxy/bridge"
 	"github.com/warden-dev/warden/proxy/listener"
+	"github.com/warden-dev/warden/scheduler"
 )
 
 // Options configure an App.
@@ -63,7 +65,11 @@ type App struct {
 	backend *backend
 
 	components []Component
-	started    chan struct{} // closed once every listener is bound
+	// sched and bridges are also in components; kept typed for the
+	// admin API's lists.
+	sched   *scheduler.Scheduler
+	bridges *bridge.Set
+	started chan struct{} // closed once every listener is bound
 
 	reloadMu sync.Mutex
 	draining atomic.Bool // set (under reloadMu) when shutdown begins
@@ -123,9 +129,6 @@ func New(opts Options) (*App, error) {
 
 // Governor exposes the controls, for tests and embedding.
 func (a *App) Governor() *governor.Governor { return a.gov }
-
-// Metrics exposes the metric set.
-func (a *App) Metrics() *metrics.Metrics { return a.metrics }
 
 // Started is closed once Run has bound every listener.
 func (a *App) Started() <-chan struct{} { return a.started }

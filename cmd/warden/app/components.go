@@ -24,10 +24,11 @@ import (
 //
 //	StopAccepting()        // shutdown: close its listeners at once
 //	Ready() error          // /readyz
-//	Bridges() any          // GET /v1/bridges
-//	Semaphores() any       // GET /v1/semaphores
-//	Queues() any           // GET /v1/queues
 //	Degraded() error       // /readyz body: serving, but degraded
+//
+// The scheduler and the bridges are also kept in a.sched and a.bridges:
+// the admin API reads their lists (/v1/semaphores, /v1/queues,
+// /v1/bridges) through their typed methods.
 func (a *App) buildComponents() []Component {
 	// The scheduler has no listener: it shuts down after the ingress that
 	// serves its runs API has drained, so a submission in flight still
@@ -39,6 +40,11 @@ func (a *App) buildComponents() []Component {
 		DataDir: a.opts.DataDir,
 		Counter: a.gov.Counter(), // lanes and semaphores shared when it is Redis
 	})
+	a.sched = sched
+	a.bridges = bridge.New(bridge.Options{
+		Clock: a.clk, Metrics: a.metrics, Log: a.log.With("component", "bridges"),
+		Runs: sched, // application_name=run:<id> binds a session to its run
+	})
 	ing := ingress.New(ingress.Options{Clock: a.clk, Metrics: a.metrics, Log: a.log.With("component", "ingress")})
 	return []Component{
 		a.backend, // first: every other component counts in its windows
@@ -48,10 +54,7 @@ func (a *App) buildComponents() []Component {
 		ing,
 		egress.New(egress.Options{Clock: a.clk, Metrics: a.metrics, Log: a.log.With("component", "egress")}),
 		grpcegress.New(grpcegress.Options{Clock: a.clk, Metrics: a.metrics, Log: a.log.With("component", "grpc")}),
-		bridge.New(bridge.Options{
-			Clock: a.clk, Metrics: a.metrics, Log: a.log.With("component", "bridges"),
-			Runs: sched, // application_name=run:<id> binds a session to its run
-		}),
+		a.bridges,
 	}
 }
 
