@@ -19,25 +19,19 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/warden-dev/warden/governor/clock"
+	"github.com/warden-dev/warden/governor/control"
 	"github.com/warden-dev/warden/governor/metrics"
 	"github.com/warden-dev/warden/governor/window"
 	"github.com/warden-dev/warden/policy"
 )
 
-// Control names a pool can refuse with.
-const (
-	ControlRate        = "pool_rate"
-	ControlConcurrency = "pool_concurrency"
-	ControlQueue       = "pool_queue"
-	// ControlUpstream: the shared backend holding the pool's window is
-	// down and backend.on_error is fail_closed (SPEC §9).
-	ControlUpstream = "upstream"
-)
-
-// Rejection says why a pool refused and when trying again makes sense.
+// Rejection says why a pool refused and when trying again makes sense:
+// control.PoolRate, PoolConcurrency or PoolQueue, or control.Upstream when
+// the shared backend holding the pool's window is down and
+// backend.on_error is fail_closed (SPEC §9).
 type Rejection struct {
 	Pool       string
-	Control    string
+	Control    control.Name
 	RetryAfter time.Duration // until the rate window ends; 0 when unknown (concurrency)
 	Waited     time.Duration
 }
@@ -186,25 +180,25 @@ func (p *Pool) Acquire(ctx context.Context, priority int, now time.Time) (Lease,
 		return p.acquireShared(ctx, priority, now)
 	}
 	p.mu.Lock()
-	var control string
+	var ctl control.Name
 	if len(p.waiters) == 0 {
 		l, c, ok := p.tryLocked(now)
 		if ok {
 			p.mu.Unlock()
 			return l, nil
 		}
-		if c == ControlUpstream {
+		if c == control.Upstream {
 			p.mu.Unlock()
 			return Lease{}, p.upstreamDown()
 		}
-		control = c
+		ctl = c
 	}
 	if p.noWaitLocked() {
-		if control == "" {
-			_, control, _ = p.blockedLocked(now)
+		if ctl == "" {
+			_, ctl, _ = p.blockedLocked(now)
 		}
 		p.mu.Unlock()
-		return Lease{}, p.waitedZero(control, now)
+		return Lease{}, p.waitedZero(ctl, now)
 	}
 	w := p.enqueueLocked(priority)
 	if w == nil {
@@ -226,26 +220,26 @@ func (p *Pool) Acquire(ctx context.Context, priority int, now time.Time) (Lease,
 // when nobody queues here a shut gate is Acquire's to find.
 func (p *Pool) Refuses(now time.Time) (*Rejection, bool) {
 	p.mu.Lock()
-	var control string
+	var ctl control.Name
 	if p.shared != nil {
 		if len(p.waiters) == 0 {
 			p.mu.Unlock()
 			return nil, false
 		}
-		control = p.sharedControlLocked()
+		ctl = p.sharedControlLocked()
 	} else {
 		_, blockedBy, shut := p.blockedLocked(now)
 		if len(p.waiters) == 0 && !shut {
 			p.mu.Unlock()
 			return nil, false
 		}
-		control = blockedBy
+		ctl = blockedBy
 	}
 	noWait, full := p.noWaitLocked(), !p.roomLocked()
 	p.mu.Unlock()
 	switch {
 	case noWait:
-		return p.waitedZero(control, now), true
+		return p.waitedZero(ctl, now), true
 	case full:
 		return p.queueFull(now), true
 	}
@@ -259,17 +253,17 @@ func (p *Pool) noWaitLocked() bool { return p.cfg.Queue > 0 && p.cfg.MaxWait <= 
 
 // waitedZero is the refusal of a caller of a no-wait pool, blocked by
 // control; p.mu must not be held.
-func (p *Pool) waitedZero(control string, now time.Time) *Rejection {
-	if control == "" {
-		control = ControlQueue
+func (p *Pool) waitedZero(ctl control.Name, now time.Time) *Rejection {
+	if ctl == "" {
+		ctl = control.PoolQueue
 	}
-	return &Rejection{Pool: p.id, Control: control, RetryAfter: p.retryAfter(now)}
+	return &Rejection{Pool: p.id, Control: ctl, RetryAfter: p.retryAfter(now)}
 }
 
 // upstreamDown is the refusal while the shared backend is down and
 // on_error is fail_closed: waiting cannot help, so nobody queues.
 func (p *Pool) upstreamDown() error {
-	return &Rejection{Pool: p.id, Control: ControlUpstream, RetryAfter: time.Second}
+	return &Rejection{Pool: p.id, Control: control.Upstream, RetryAfter: time.Second}
 }
 
 // roomLocked reports whether the queue has room for another waiter.
@@ -295,7 +289,7 @@ func (p *Pool) enqueueLocked(priority int) *waiter {
 // queueFull is the refusal of a caller the queue has no room for; p.mu
 // must not be held.
 func (p *Pool) queueFull(now time.Time) *Rejection {
-	return &Rejection{Pool: p.id, Control: ControlQueue, RetryAfter: p.retryAfter(now)}
+	return &Rejection{Pool: p.id, Control: control.PoolQueue, RetryAfter: p.retryAfter(now)}
 }
 
 // wait blocks until w is granted, max_wait passes or ctx ends.
@@ -328,11 +322,11 @@ func (p *Pool) wait(ctx context.Context, w *waiter, now time.Time) (Lease, error
 	heap.Remove(&p.waiters, w.index)
 	p.setQueued()
 	waited := p.clk.Now().Sub(now)
-	var control string
+	var ctl control.Name
 	if p.shared != nil {
-		control = p.sharedControlLocked()
+		ctl = p.sharedControlLocked()
 	} else {
-		_, control, _ = p.blockedLocked(p.clk.Now())
+		_, ctl, _ = p.blockedLocked(p.clk.Now())
 	}
 	p.mu.Unlock()
 	// Leaving may unblock those behind us (we were the head).
@@ -340,38 +334,38 @@ func (p *Pool) wait(ctx context.Context, w *waiter, now time.Time) (Lease, error
 	if cancelled != nil {
 		return Lease{}, fmt.Errorf("pool %s: wait abandoned: %w", p.id, cancelled)
 	}
-	return Lease{}, &Rejection{Pool: p.id, Control: control, RetryAfter: p.retryAfter(p.clk.Now()), Waited: waited}
+	return Lease{}, &Rejection{Pool: p.id, Control: ctl, RetryAfter: p.retryAfter(p.clk.Now()), Waited: waited}
 }
 
 // TryAcquire admits without waiting; it never queues. It reports the control
 // that refused. The scheduler uses it: runs wait in the durable queue, not
 // here.
-func (p *Pool) TryAcquire(now time.Time) (Lease, string, bool) {
+func (p *Pool) TryAcquire(now time.Time) (Lease, control.Name, bool) {
 	if p.shared != nil {
 		return p.tryAcquireShared(now)
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if len(p.waiters) > 0 {
-		_, control, _ := p.blockedLocked(now)
-		if control == "" {
-			control = ControlQueue
+		_, ctl, _ := p.blockedLocked(now)
+		if ctl == "" {
+			ctl = control.PoolQueue
 		}
-		return Lease{}, control, false
+		return Lease{}, ctl, false
 	}
 	return p.tryLocked(now)
 }
 
 // tryLocked takes a slot of both gates or neither.
-func (p *Pool) tryLocked(now time.Time) (Lease, string, bool) {
+func (p *Pool) tryLocked(now time.Time) (Lease, control.Name, bool) {
 	return p.tryLockedOn(p.counter, now)
 }
 
 // tryLockedOn is tryLocked counting the rate gate in c: the pool's
 // counter, or the in-process fallback of a shared one.
-func (p *Pool) tryLockedOn(c window.Counter, now time.Time) (Lease, string, bool) {
+func (p *Pool) tryLockedOn(c window.Counter, now time.Time) (Lease, control.Name, bool) {
 	if p.cfg.Concurrency > 0 && p.inFlight >= p.cfg.Concurrency {
-		return Lease{}, ControlConcurrency, false
+		return Lease{}, control.PoolConcurrency, false
 	}
 	l := Lease{p: p}
 	if p.cfg.Rate > 0 {
@@ -381,9 +375,9 @@ func (p *Pool) tryLockedOn(c window.Counter, now time.Time) (Lease, string, bool
 		}
 		if !d.Allowed {
 			if d.Unavailable {
-				return Lease{}, ControlUpstream, false
+				return Lease{}, control.Upstream, false
 			}
-			return Lease{}, ControlRate, false
+			return Lease{}, control.PoolRate, false
 		}
 		l.rated, l.start, l.windowEnd = true, d.Start(), d.End()
 	}
@@ -399,13 +393,13 @@ func (p *Pool) tryLockedOn(c window.Counter, now time.Time) (Lease, string, bool
 
 // blockedLocked reports which gate holds the head of the queue at now, and
 // when the rate gate reopens.
-func (p *Pool) blockedLocked(now time.Time) (time.Time, string, bool) {
+func (p *Pool) blockedLocked(now time.Time) (time.Time, control.Name, bool) {
 	if p.cfg.Concurrency > 0 && p.inFlight >= p.cfg.Concurrency {
-		return time.Time{}, ControlConcurrency, true
+		return time.Time{}, control.PoolConcurrency, true
 	}
 	if p.cfg.Rate > 0 {
 		if d := p.counter.Peek(p.scope, p.key, int64(p.cfg.Rate)); !d.Allowed {
-			return d.End(), ControlRate, true
+			return d.End(), control.PoolRate, true
 		}
 	}
 	return time.Time{}, "", false
@@ -415,7 +409,7 @@ func (p *Pool) retryAfter(now time.Time) time.Duration {
 	if p.shared != nil {
 		p.mu.Lock()
 		defer p.mu.Unlock()
-		if p.sh.blocked == ControlRate && p.sh.blockedEnd.After(now) {
+		if p.sh.blocked == control.PoolRate && p.sh.blockedEnd.After(now) {
 			return p.sh.blockedEnd.Sub(now)
 		}
 		return 0
@@ -495,8 +489,8 @@ func (p *Pool) armLocked(now time.Time) {
 	if len(p.waiters) == 0 && len(p.onFree) == 0 {
 		return
 	}
-	end, control, blocked := p.blockedLocked(now)
-	if !blocked || control != ControlRate {
+	end, ctl, blocked := p.blockedLocked(now)
+	if !blocked || ctl != control.PoolRate {
 		return
 	}
 	p.armWindowLocked(end)

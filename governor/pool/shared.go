@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/warden-dev/warden/governor/clock"
+	"github.com/warden-dev/warden/governor/control"
 	"github.com/warden-dev/warden/governor/window"
 )
 
@@ -41,11 +42,11 @@ const leaseKind = "pool"
 
 // sharedState is a shared pool's dispatch state, under Pool.mu.
 type sharedState struct {
-	dispatching bool      // a dispatcher is serving the queue
-	again       bool      // capacity may have freed while it was on the wire
-	blocked     string    // the control that refused the last admission
-	blockedEnd  time.Time // with blocked == pool_rate: when the window ends
-	freed       uint64    // counts frees, to notice one racing a refusal
+	dispatching bool         // a dispatcher is serving the queue
+	again       bool         // capacity may have freed while it was on the wire
+	blocked     control.Name // the control that refused the last admission
+	blockedEnd  time.Time    // with blocked == pool_rate: when the window ends
+	freed       uint64       // counts frees, to notice one racing a refusal
 	tick        clock.Timer
 	tickArmed   bool
 	// set is the pool's lease set key, built for setPrefix.
@@ -64,16 +65,16 @@ func (p *Pool) leaseSetLocked() string {
 }
 
 // take tries both gates once, in Redis when it can, without p.mu held.
-func (p *Pool) take(now time.Time) (Lease, string, bool) {
-	l, control, ok, _ := p.takeWith(nil, now)
-	return l, control, ok
+func (p *Pool) take(now time.Time) (Lease, control.Name, bool) {
+	l, ctl, ok, _ := p.takeWith(nil, now)
+	return l, ctl, ok
 }
 
 // takeWith is take with the caller's extra lease gates in the same op.
 // got is the extra gates' outcome when Redis decided them, nil when it
 // did not (then nothing of them was taken). A refusal by an extra gate
 // alone has no pool control: control is "".
-func (p *Pool) takeWith(extra []window.LeaseWant, now time.Time) (l Lease, control string, ok bool, got []window.LeaseGot) {
+func (p *Pool) takeWith(extra []window.LeaseWant, now time.Time) (l Lease, ctl control.Name, ok bool, got []window.LeaseGot) {
 	p.mu.Lock()
 	cfg, scope, set := p.cfg, p.scope, p.leaseSetLocked()
 	p.mu.Unlock()
@@ -83,17 +84,17 @@ func (p *Pool) takeWith(extra []window.LeaseWant, now time.Time) (l Lease, contr
 	res, err := p.shared.TakeLeasedWith(extra, scope, p.key, int64(cfg.Rate), 1, set, int64(cfg.Concurrency), now)
 	if err != nil {
 		if p.shared.FailClosed() {
-			return Lease{}, ControlUpstream, false, nil
+			return Lease{}, control.Upstream, false, nil
 		}
 		// fail_open: this sidecar's own gates, in process (no Redis call
 		// under the lock: Local never leaves the process).
 		p.mu.Lock()
 		defer p.mu.Unlock()
-		l, control, ok = p.tryLockedOn(p.shared.Local(), now)
-		if !ok && control == ControlRate {
+		l, ctl, ok = p.tryLockedOn(p.shared.Local(), now)
+		if !ok && ctl == control.PoolRate {
 			p.sh.blockedEnd = p.shared.Local().Peek(scope, p.key, int64(cfg.Rate)).End()
 		}
-		return l, control, ok, nil
+		return l, ctl, ok, nil
 	}
 	if cfg.Rate > 0 && p.gCount != nil {
 		p.gCount.Set(float64(res.Window.Count))
@@ -101,12 +102,12 @@ func (p *Pool) takeWith(extra []window.LeaseWant, now time.Time) (l Lease, contr
 	if !res.Admitted {
 		switch {
 		case !res.LeaseOK:
-			return Lease{}, ControlConcurrency, false, res.Extra
+			return Lease{}, control.PoolConcurrency, false, res.Extra
 		case cfg.Rate > 0 && !res.Window.Allowed:
 			p.mu.Lock()
 			p.sh.blockedEnd = res.Window.End()
 			p.mu.Unlock()
-			return Lease{}, ControlRate, false, res.Extra
+			return Lease{}, control.PoolRate, false, res.Extra
 		}
 		return Lease{}, "", false, res.Extra
 	}
@@ -148,20 +149,20 @@ func (p *Pool) acquireShared(ctx context.Context, priority int, now time.Time) (
 	freed, tried := p.sh.freed, false
 	if len(p.waiters) == 0 && !p.sh.dispatching {
 		p.mu.Unlock()
-		l, control, ok := p.take(now)
+		l, ctl, ok := p.take(now)
 		if ok {
 			return l, nil
 		}
-		if control == ControlUpstream {
+		if ctl == control.Upstream {
 			return Lease{}, p.upstreamDown()
 		}
 		p.mu.Lock()
-		p.sh.blocked, tried = control, true
+		p.sh.blocked, tried = ctl, true
 	}
 	if p.noWaitLocked() {
-		control := p.sharedControlLocked()
+		ctl := p.sharedControlLocked()
 		p.mu.Unlock()
-		return Lease{}, p.waitedZero(control, now)
+		return Lease{}, p.waitedZero(ctl, now)
 	}
 	w := p.enqueueLocked(priority)
 	if w == nil {
@@ -179,18 +180,18 @@ func (p *Pool) acquireShared(ctx context.Context, priority int, now time.Time) (
 	return p.wait(ctx, w, now)
 }
 
-func (p *Pool) tryAcquireShared(now time.Time) (Lease, string, bool) {
+func (p *Pool) tryAcquireShared(now time.Time) (Lease, control.Name, bool) {
 	p.mu.Lock()
 	if len(p.waiters) > 0 {
-		control := p.sharedControlLocked()
+		ctl := p.sharedControlLocked()
 		p.mu.Unlock()
-		return Lease{}, control, false
+		return Lease{}, ctl, false
 	}
 	p.mu.Unlock()
-	l, control, ok := p.take(now)
+	l, ctl, ok := p.take(now)
 	if !ok {
 		p.mu.Lock()
-		p.sh.blocked = control
+		p.sh.blocked = ctl
 		// Subscribers (the scheduler) wait outside the queue: keep them
 		// posted about slots other sidecars free.
 		if len(p.onFree) > 0 {
@@ -198,7 +199,7 @@ func (p *Pool) tryAcquireShared(now time.Time) (Lease, string, bool) {
 		}
 		p.mu.Unlock()
 	}
-	return l, control, ok
+	return l, ctl, ok
 }
 
 // TryAcquireWith is TryAcquire for a caller with lease gates of its own
@@ -209,39 +210,39 @@ func (p *Pool) tryAcquireShared(now time.Time) (Lease, string, bool) {
 // unavailable, or the pool refused before asking) and nothing of them was
 // taken. A refusal by an extra gate alone reports control "". On a pool
 // that is not shared, got is always nil.
-func (p *Pool) TryAcquireWith(extra []window.LeaseWant, now time.Time) (l Lease, control string, ok bool, got []window.LeaseGot) {
+func (p *Pool) TryAcquireWith(extra []window.LeaseWant, now time.Time) (l Lease, ctl control.Name, ok bool, got []window.LeaseGot) {
 	if p.shared == nil {
-		l, control, ok = p.TryAcquire(now)
-		return l, control, ok, nil
+		l, ctl, ok = p.TryAcquire(now)
+		return l, ctl, ok, nil
 	}
 	p.mu.Lock()
 	if len(p.waiters) > 0 {
-		control := p.sharedControlLocked()
+		ctl := p.sharedControlLocked()
 		p.mu.Unlock()
-		return Lease{}, control, false, nil
+		return Lease{}, ctl, false, nil
 	}
 	p.mu.Unlock()
-	l, control, ok, got = p.takeWith(extra, now)
-	if !ok && control != "" {
+	l, ctl, ok, got = p.takeWith(extra, now)
+	if !ok && ctl != "" {
 		p.mu.Lock()
-		p.sh.blocked = control
+		p.sh.blocked = ctl
 		if len(p.onFree) > 0 {
 			p.armSharedLocked(p.clk.Now())
 		}
 		p.mu.Unlock()
 	}
-	return l, control, ok, got
+	return l, ctl, ok, got
 }
 
 // sharedControlLocked names the control holding the queue.
-func (p *Pool) sharedControlLocked() string {
+func (p *Pool) sharedControlLocked() control.Name {
 	switch {
 	case p.sh.blocked != "":
 		return p.sh.blocked
 	case p.cfg.Concurrency > 0:
-		return ControlConcurrency
+		return control.PoolConcurrency
 	default:
-		return ControlRate
+		return control.PoolRate
 	}
 }
 
@@ -260,10 +261,10 @@ func (p *Pool) dispatchShared() {
 	for len(p.waiters) > 0 {
 		p.sh.again = false
 		p.mu.Unlock()
-		l, control, ok := p.take(p.clk.Now())
+		l, ctl, ok := p.take(p.clk.Now())
 		p.mu.Lock()
 		if !ok {
-			p.sh.blocked, refused = control, true
+			p.sh.blocked, refused = ctl, true
 			if p.sh.again {
 				continue // something freed during the round trip
 			}
@@ -299,7 +300,7 @@ func (p *Pool) armSharedLocked(now time.Time) {
 	if len(p.waiters) == 0 && len(p.onFree) == 0 {
 		return
 	}
-	if p.sh.blocked == ControlRate && !p.sh.blockedEnd.IsZero() {
+	if p.sh.blocked == control.PoolRate && !p.sh.blockedEnd.IsZero() {
 		if !p.sh.blockedEnd.After(now) {
 			// The window ended while the refusal was on its way back:
 			// its boundary timer may have fired already. Retry now.
