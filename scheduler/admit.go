@@ -102,7 +102,7 @@ func (s *Scheduler) admitLocked(now time.Time) []*active {
 			l, control, ok := best.pool.TryAcquire(now)
 			if !ok {
 				best.skip = s.pass
-				if control == pool.ControlRate {
+				if string(control) == ControlPoolRate {
 					// Be woken at the window's boundary.
 					best.pool.WatchWindow()
 				}
@@ -259,7 +259,7 @@ func (s *Scheduler) controlLocked(dq *defQueue, key string, now time.Time) strin
 			return ControlPoolRate
 		}
 		if p.Queued > 0 {
-			return pool.ControlQueue
+			return ControlPoolQueue
 		}
 	}
 	limit, control := cfg.limit()

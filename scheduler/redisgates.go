@@ -336,9 +336,9 @@ func (s *Scheduler) redisAdmit(rg *redisGates) (retry bool) {
 			switch r.control {
 			case "":
 				// Put back because a drain began.
-			case pool.ControlRate:
+			case ControlPoolRate:
 				r.c.a.def.pool.WatchWindow() // woken at the window's boundary
-			case pool.ControlQueue:
+			case ControlPoolQueue:
 				// Others wait in the pool ahead of it: its OnFree wakes the pass.
 			default:
 				retry = true
@@ -409,13 +409,14 @@ func (s *Scheduler) takeGates(rg *redisGates, c *claim) {
 	now := s.clk.Now()
 	p := c.a.def.pool
 	if p != nil && p.Shared() {
-		c.lease, c.control, c.ok, c.got = p.TryAcquireWith(c.wants, now)
+		l, by, ok, got := p.TryAcquireWith(c.wants, now)
+		c.lease, c.control, c.ok, c.got = l, string(by), ok, got
 		return
 	}
 	res, err := rg.red.TakeLeasedWith(c.wants, nil, nil, 0, 0, "", 0, now)
 	switch {
 	case err != nil && rg.red.FailClosed():
-		c.control = pool.ControlUpstream
+		c.control = ControlUpstream
 		return
 	case err != nil:
 		c.ok = true // fail_open: the local reservations made at the pick decide
@@ -431,7 +432,7 @@ func (s *Scheduler) takeGates(rg *redisGates, c *claim) {
 	l, control, ok := p.TryAcquire(now)
 	if !ok {
 		// The lane and permits taken are given back with the refusal.
-		c.ok, c.control = false, control
+		c.ok, c.control = false, string(control)
 		return
 	}
 	c.lease = l
@@ -478,7 +479,7 @@ func (s *Scheduler) settleLocked(rg *redisGates, c *claim, now time.Time) (admit
 	control = refusal(c)
 	rg.decideLocked(a.seq, false, control)
 	switch control {
-	case ControlLanes, pool.ControlUpstream:
+	case ControlLanes, ControlUpstream:
 		// Nothing else can start now: every definition needs a lane.
 		rg.global, stop = control, true
 		delete(rg.notes, d.name)
@@ -495,7 +496,7 @@ func (s *Scheduler) settleLocked(rg *redisGates, c *claim, now time.Time) (admit
 // refusal names the control that refused c, in controlLocked's order: the
 // run's semaphores, its pool, then the lanes.
 func refusal(c *claim) string {
-	if c.control == pool.ControlUpstream {
+	if c.control == ControlUpstream {
 		return c.control
 	}
 	for i := 1; i < len(c.got); i++ {
@@ -714,7 +715,7 @@ func (s *Scheduler) redisControlLocked(cfg *config, d *definition) string {
 	if cli := rg.red.Client(); cli != nil {
 		if cli.Down() {
 			if rg.red.FailClosed() {
-				return pool.ControlUpstream
+				return ControlUpstream
 			}
 		} else {
 			shared = true
