@@ -39,7 +39,7 @@ func (l localAdmitter) admitLocked(cfg *config, now time.Time) []*active {
 			got, control, ok := best.pool.TryAcquire(now)
 			if !ok {
 				best.skip = s.pass
-				if control == pool.ControlRate {
+				if string(control) == ControlPoolRate {
 					// Be woken at the window's boundary.
 					best.pool.WatchWindow()
 				}
@@ -117,7 +117,7 @@ func (l localAdmitter) controlLocked(cfg *config, d *definition, now time.Time) 
 			return ControlPoolRate
 		}
 		if p.Queued > 0 {
-			return pool.ControlQueue
+			return ControlPoolQueue
 		}
 	}
 	return l.s.limitControlLocked(cfg)

@@ -292,7 +292,7 @@ func (rg *redisAdmitter) controlLocked(cfg *config, d *definition, _ time.Time) 
 	if cli := rg.red.Client(); cli != nil {
 		if cli.Down() {
 			if rg.red.FailClosed() {
-				return pool.ControlUpstream
+				return ControlUpstream
 			}
 		} else {
 			shared = true

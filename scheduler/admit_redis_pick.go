@@ -97,9 +97,9 @@ func (rg *redisAdmitter) admitWaiting() (retry bool) {
 			switch r.control {
 			case "":
 				// Put back because a drain began.
-			case pool.ControlRate:
+			case ControlPoolRate:
 				r.c.a.def.pool.WatchWindow() // woken at the window's boundary
-			case pool.ControlQueue:
+			case ControlPoolQueue:
 				// Others wait in the pool ahead of it: its OnFree wakes the pass.
 			default:
 				retry = true
@@ -172,13 +172,14 @@ func (rg *redisAdmitter) takeGates(c *pick) {
 	now := s.clk.Now()
 	p := c.a.def.pool
 	if p != nil && p.Shared() {
-		c.lease, c.control, c.ok, c.got = p.TryAcquireWith(c.wants, now)
+		l, by, ok, got := p.TryAcquireWith(c.wants, now)
+		c.lease, c.control, c.ok, c.got = l, string(by), ok, got
 		return
 	}
 	res, err := rg.red.TakeLeasedWith(c.wants, nil, nil, 0, 0, "", 0, now)
 	switch {
 	case err != nil && rg.red.FailClosed():
-		c.control = pool.ControlUpstream
+		c.control = ControlUpstream
 		return
 	case err != nil:
 		c.ok = true // fail_open: the local reservations made at the pick decide
@@ -194,7 +195,7 @@ func (rg *redisAdmitter) takeGates(c *pick) {
 	l, control, ok := p.TryAcquire(now)
 	if !ok {
 		// The lane and permits taken are given back with the refusal.
-		c.ok, c.control = false, control
+		c.ok, c.control = false, string(control)
 		return
 	}
 	c.lease = l
@@ -242,7 +243,7 @@ func (rg *redisAdmitter) settleLocked(c *pick, now time.Time) (admitted bool, co
 	control = refusal(c)
 	rg.decideLocked(a.seq, false, control)
 	switch control {
-	case ControlLanes, pool.ControlUpstream:
+	case ControlLanes, ControlUpstream:
 		// Nothing else can start now: every definition needs a lane.
 		rg.global, stop = control, true
 		delete(rg.notes, d.name)
@@ -259,7 +260,7 @@ func (rg *redisAdmitter) settleLocked(c *pick, now time.Time) (admitted bool, co
 // refusal names the control that refused c, in controlLocked's order: the
 // run's semaphores, its pool, then the lanes.
 func refusal(c *pick) string {
-	if c.control == pool.ControlUpstream {
+	if c.control == ControlUpstream {
 		return c.control
 	}
 	for i := 1; i < len(c.got); i++ {

@@ -16,7 +16,6 @@ import (
 	"github.com/warden-dev/warden/governor/backend/redisx"
 	"github.com/warden-dev/warden/governor/clock"
 	"github.com/warden-dev/warden/governor/metrics"
-	"github.com/warden-dev/warden/governor/pool"
 	"github.com/warden-dev/warden/governor/window"
 	"github.com/warden-dev/warden/internal/testkit/fasttest"
 	"github.com/warden-dev/warden/internal/testkit/redistest"
@@ -466,9 +465,9 @@ func TestRedisLanesOutageFailClosed(t *testing.T) {
 
 	srv.Stop()
 	ids := []string{sc.submit("job", `{"r":2}`), sc.submit("job", `{"r":3}`)}
-	sc.refusedBy(pool.ControlUpstream)
+	sc.refusedBy(ControlUpstream)
 	for _, id := range ids {
-		if v := sc.get(id); v.Status != "QUEUED" || !v.AwaitingAdmission || deref(v.Control) != pool.ControlUpstream {
+		if v := sc.get(id); v.Status != "QUEUED" || !v.AwaitingAdmission || deref(v.Control) != ControlUpstream {
 			t.Fatalf("run %s with Redis down (fail_closed): %s awaiting=%v control %s, want QUEUED upstream",
 				id, v.Status, v.AwaitingAdmission, deref(v.Control))
 		}

@@ -6,11 +6,12 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/warden-dev/warden/governor/control"
 	"github.com/warden-dev/warden/scheduler/store"
 )
 
 // ControlCancelled names what ended a cancelled run.
-const ControlCancelled = "cancelled"
+const ControlCancelled = string(control.Cancelled)
 
 // cancelTries bounds how often Cancel looks again after losing a race
 // with another transition of the run (an admission, a retry wait ending).

@@ -10,6 +10,7 @@ import (
 
 	"github.com/warden-dev/warden/governor"
 	"github.com/warden-dev/warden/governor/clock"
+	"github.com/warden-dev/warden/governor/control"
 	"github.com/warden-dev/warden/governor/metrics"
 	"github.com/warden-dev/warden/governor/pool"
 	"github.com/warden-dev/warden/governor/retry"
@@ -149,15 +150,17 @@ func (c *config) limit() (int, string) {
 
 // Control names a waiting or ended run reports (SPEC §4).
 const (
-	ControlLanes       = "lanes"
-	ControlWorker      = "worker_concurrency"
-	ControlKey         = "key_concurrency"
-	ControlSemaphore   = "semaphore"
-	ControlTimeout     = "timeout"
-	ControlPoolRate    = pool.ControlRate
-	ControlPoolConc    = pool.ControlConcurrency
-	ControlRetryBudget = retry.ControlBudget
+	ControlLanes       = string(control.Lanes)
+	ControlWorker      = string(control.WorkerConcurrency)
+	ControlKey         = string(control.KeyConcurrency)
+	ControlSemaphore   = string(control.Semaphore)
+	ControlTimeout     = string(control.Timeout)
+	ControlPoolRate    = string(control.PoolRate)
+	ControlPoolConc    = string(control.PoolConcurrency)
+	ControlPoolQueue   = string(control.PoolQueue)
+	ControlUpstream    = string(control.Upstream)
+	ControlRetryBudget = string(control.RetryBudget)
 	// ControlDefinition holds runs whose definition is no longer in the
 	// policy: they wait, untouched, until it comes back.
-	ControlDefinition = "definition"
+	ControlDefinition = string(control.Definition)
 )

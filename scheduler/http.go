@@ -8,6 +8,8 @@ import (
 	"strings"
 
 	"github.com/valyala/fasthttp"
+
+	"github.com/warden-dev/warden/governor/control"
 )
 
 // Handler serves the runs API under scheduler.path_prefix (read per
@@ -122,7 +124,7 @@ func (s *Scheduler) serveSubmit(ctx context.Context, c *fasthttp.RequestCtx) {
 		return
 	}
 	if v.Control != nil {
-		c.Response.Header.Set("x-warden-control", *v.Control)
+		c.Response.Header.Set(control.Header, *v.Control)
 	}
 	writeJSON(c, fasthttp.StatusAccepted, v)
 }

@@ -229,7 +229,8 @@ func (s *Scheduler) fail(a *active, reason string, asked time.Duration) bool {
 	var retry bool
 	var control string
 	if a.def != nil && a.def.retry != nil {
-		retry, control = a.def.retry.ShouldRetry(attempt, reason)
+		ok, by := a.def.retry.ShouldRetry(attempt, reason)
+		retry, control = ok, string(by)
 	}
 	if !retry {
 		return s.finish(a, store.Failed, nil, reason, control)

@@ -32,9 +32,6 @@ import (
 	"github.com/warden-dev/warden/policy"
 )
 
-// Control is the control name a breaker's refusals report (SPEC §4).
-const Control = "circuit_breaker"
-
 // numBuckets splits the rolling window. With 20 buckets the counted span is
 // between 95% and 100% of the configured window, close enough that operators
 // reading "30s" are not surprised, without storing one entry per request.
@@ -289,7 +286,7 @@ func (b *Breaker) refreshEpoch() int64 {
 
 // Allow asks to send one request. When ok is false the request must fail
 // fast and retryAfter says how long until the breaker may admit again
-// (see RetryAfterSeconds). When ok is true the caller must call Done on the
+// (see control.RetryAfterSeconds). When ok is true the caller must call Done on the
 // ticket exactly once, with Neutral if the outcome is unknown.
 func (b *Breaker) Allow() (t Ticket, retryAfter time.Duration, ok bool) {
 	if b == nil || !b.enabled {
@@ -591,12 +588,4 @@ func (b *Breaker) Snapshot() Snapshot {
 		s.FailureRatio = float64(s.Failures) / float64(s.Requests)
 	}
 	return s
-}
-
-// RetryAfterSeconds turns a retryAfter from Allow into the whole seconds of
-// a Retry-After header or retryAfterSeconds field: rounded up, at least 1,
-// because "0" would invite an immediate retry into an open breaker.
-func RetryAfterSeconds(d time.Duration) int {
-	s := int((d + time.Second - 1) / time.Second)
-	return max(s, 1)
 }

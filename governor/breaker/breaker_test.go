@@ -472,20 +472,6 @@ func TestClassifyGRPC(t *testing.T) {
 	}
 }
 
-func TestRetryAfterSeconds(t *testing.T) {
-	for _, tc := range []struct {
-		d    time.Duration
-		want int
-	}{
-		{0, 1}, {time.Nanosecond, 1}, {999 * time.Millisecond, 1}, {time.Second, 1},
-		{time.Second + 1, 2}, {5 * time.Second, 5}, {59500 * time.Millisecond, 60},
-	} {
-		if got := RetryAfterSeconds(tc.d); got != tc.want {
-			t.Errorf("RetryAfterSeconds(%v) = %d, want %d", tc.d, got, tc.want)
-		}
-	}
-}
-
 func TestStateString(t *testing.T) {
 	for s, w := range map[State]string{Closed: "closed", HalfOpen: "half_open", Open: "open", 7: "unknown"} {
 		if s.String() != w {

@@ -3,10 +3,11 @@
 // wait queue served by priority, then age. Pools that share a cap_key share
 // one Pool: one counter, one concurrency limit, one queue.
 //
-// On a Redis counter (backend.kind redis) both gates are shared by every
-// sidecar: the concurrency gate as leases in Redis, admitted together with
-// the rate window in one round trip (shared.go). The queue stays per
-// sidecar.
+// How the gates decide is chosen once, when the pool is built (gates.go):
+// in process (local.go), or, on a Redis counter (backend.kind redis),
+// shared by every sidecar: the concurrency gate as leases in Redis,
+// admitted together with the rate window in one round trip (shared.go).
+// The queue stays per sidecar, here.
 package pool
 
 import (
@@ -19,25 +20,19 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/warden-dev/warden/governor/clock"
+	"github.com/warden-dev/warden/governor/control"
 	"github.com/warden-dev/warden/governor/metrics"
 	"github.com/warden-dev/warden/governor/window"
 	"github.com/warden-dev/warden/policy"
 )
 
-// Control names a pool can refuse with.
-const (
-	ControlRate        = "pool_rate"
-	ControlConcurrency = "pool_concurrency"
-	ControlQueue       = "pool_queue"
-	// ControlUpstream: the shared backend holding the pool's window is
-	// down and backend.on_error is fail_closed (SPEC §9).
-	ControlUpstream = "upstream"
-)
-
-// Rejection says why a pool refused and when trying again makes sense.
+// Rejection says why a pool refused and when trying again makes sense:
+// control.PoolRate, PoolConcurrency or PoolQueue, or control.Upstream when
+// the shared backend holding the pool's window is down and
+// backend.on_error is fail_closed (SPEC §9).
 type Rejection struct {
 	Pool       string
-	Control    string
+	Control    control.Name
 	RetryAfter time.Duration // until the rate window ends; 0 when unknown (concurrency)
 	Waited     time.Duration
 }
@@ -57,10 +52,9 @@ type Pool struct {
 	key     []byte
 	counter window.Counter
 	clk     clock.Clock
-	// shared is set when the counter is Redis: the pool's gates are then
-	// decided there, both in one round trip, concurrency as leases (see
-	// shared.go), and the pool never holds mu across that round trip.
-	shared *window.Redis
+	// g decides the gates: in process, or in Redis when the counter is
+	// Redis (newGates).
+	g gates
 
 	mu       sync.Mutex
 	cfg      policy.Pool
@@ -70,7 +64,9 @@ type Pool struct {
 	timer    clock.Timer // armed at the window's end while waiters are held by the rate gate
 	timerAt  time.Time
 	onFree   []func()
-	sh       sharedState
+	// freed counts slots released in process, so that an admission can
+	// notice one freed while it was being refused (shared.go).
+	freed uint64
 
 	gInFlight, gQueued, gCount prometheus.Gauge
 }
@@ -81,10 +77,7 @@ func newPool(cfg policy.Pool, c window.Counter, clk clock.Clock, m *metrics.Metr
 		id: id, capKey: cfg.CapKey, cfg: cfg, counter: c, clk: clk,
 		scope: window.NewScope("pool", cfg.Window), key: []byte(id),
 	}
-	if r, ok := c.(*window.Redis); ok {
-		p.shared = r
-		p.sh.freedFn = p.freedShared
-	}
+	p.g = newGates(p, c)
 	if m != nil {
 		p.gInFlight = m.PoolInFlight.WithLabelValues(id)
 		p.gQueued = m.PoolQueued.WithLabelValues(id)
@@ -103,7 +96,7 @@ func (p *Pool) ID() string { return p.id }
 // Shared reports whether the pool's gates are decided in Redis (its
 // counter is the Redis counter), so TryAcquireWith can carry a caller's
 // lease gates in the same op.
-func (p *Pool) Shared() bool { return p.shared != nil }
+func (p *Pool) Shared() bool { return p.g.shared() }
 
 // Lease is an admission through a pool. The zero Lease is inert.
 type Lease struct {
@@ -157,10 +150,7 @@ func (p *Pool) RefundAt(start time.Time) {
 // flight whether or not the pool has room, and it must be counted so that
 // new admissions wait for it.
 func (p *Pool) Resume() Lease {
-	var held window.Held
-	if p.shared != nil {
-		held = p.resumeShared()
-	}
+	held := p.g.resume()
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.cfg.Concurrency <= 0 {
@@ -182,38 +172,7 @@ func (l *Lease) WindowStart() time.Time { return l.start }
 // (priority first, then oldest) for at most max_wait when there is no room.
 // A refusal is a *Rejection naming the control.
 func (p *Pool) Acquire(ctx context.Context, priority int, now time.Time) (Lease, error) {
-	if p.shared != nil {
-		return p.acquireShared(ctx, priority, now)
-	}
-	p.mu.Lock()
-	var control string
-	if len(p.waiters) == 0 {
-		l, c, ok := p.tryLocked(now)
-		if ok {
-			p.mu.Unlock()
-			return l, nil
-		}
-		if c == ControlUpstream {
-			p.mu.Unlock()
-			return Lease{}, p.upstreamDown()
-		}
-		control = c
-	}
-	if p.noWaitLocked() {
-		if control == "" {
-			_, control, _ = p.blockedLocked(now)
-		}
-		p.mu.Unlock()
-		return Lease{}, p.waitedZero(control, now)
-	}
-	w := p.enqueueLocked(priority)
-	if w == nil {
-		p.mu.Unlock()
-		return Lease{}, p.queueFull(now)
-	}
-	p.armLocked(now)
-	p.mu.Unlock()
-	return p.wait(ctx, w, now)
+	return p.g.acquire(ctx, priority, now)
 }
 
 // Refuses reports whether Acquire at now would refuse at once, and with
@@ -226,26 +185,16 @@ func (p *Pool) Acquire(ctx context.Context, priority int, now time.Time) (Lease,
 // when nobody queues here a shut gate is Acquire's to find.
 func (p *Pool) Refuses(now time.Time) (*Rejection, bool) {
 	p.mu.Lock()
-	var control string
-	if p.shared != nil {
-		if len(p.waiters) == 0 {
-			p.mu.Unlock()
-			return nil, false
-		}
-		control = p.sharedControlLocked()
-	} else {
-		_, blockedBy, shut := p.blockedLocked(now)
-		if len(p.waiters) == 0 && !shut {
-			p.mu.Unlock()
-			return nil, false
-		}
-		control = blockedBy
+	ctl, shut := p.g.holdingLocked(now)
+	if len(p.waiters) == 0 && !shut {
+		p.mu.Unlock()
+		return nil, false
 	}
 	noWait, full := p.noWaitLocked(), !p.roomLocked()
 	p.mu.Unlock()
 	switch {
 	case noWait:
-		return p.waitedZero(control, now), true
+		return p.waitedZero(ctl, now), true
 	case full:
 		return p.queueFull(now), true
 	}
@@ -259,17 +208,17 @@ func (p *Pool) noWaitLocked() bool { return p.cfg.Queue > 0 && p.cfg.MaxWait <= 
 
 // waitedZero is the refusal of a caller of a no-wait pool, blocked by
 // control; p.mu must not be held.
-func (p *Pool) waitedZero(control string, now time.Time) *Rejection {
-	if control == "" {
-		control = ControlQueue
+func (p *Pool) waitedZero(ctl control.Name, now time.Time) *Rejection {
+	if ctl == "" {
+		ctl = control.PoolQueue
 	}
-	return &Rejection{Pool: p.id, Control: control, RetryAfter: p.retryAfter(now)}
+	return &Rejection{Pool: p.id, Control: ctl, RetryAfter: p.retryAfter(now)}
 }
 
 // upstreamDown is the refusal while the shared backend is down and
 // on_error is fail_closed: waiting cannot help, so nobody queues.
 func (p *Pool) upstreamDown() error {
-	return &Rejection{Pool: p.id, Control: ControlUpstream, RetryAfter: time.Second}
+	return &Rejection{Pool: p.id, Control: control.Upstream, RetryAfter: time.Second}
 }
 
 // roomLocked reports whether the queue has room for another waiter.
@@ -295,7 +244,7 @@ func (p *Pool) enqueueLocked(priority int) *waiter {
 // queueFull is the refusal of a caller the queue has no room for; p.mu
 // must not be held.
 func (p *Pool) queueFull(now time.Time) *Rejection {
-	return &Rejection{Pool: p.id, Control: ControlQueue, RetryAfter: p.retryAfter(now)}
+	return &Rejection{Pool: p.id, Control: control.PoolQueue, RetryAfter: p.retryAfter(now)}
 }
 
 // wait blocks until w is granted, max_wait passes or ctx ends.
@@ -328,107 +277,38 @@ func (p *Pool) wait(ctx context.Context, w *waiter, now time.Time) (Lease, error
 	heap.Remove(&p.waiters, w.index)
 	p.setQueued()
 	waited := p.clk.Now().Sub(now)
-	var control string
-	if p.shared != nil {
-		control = p.sharedControlLocked()
-	} else {
-		_, control, _ = p.blockedLocked(p.clk.Now())
-	}
+	ctl, _ := p.g.holdingLocked(p.clk.Now())
 	p.mu.Unlock()
 	// Leaving may unblock those behind us (we were the head).
 	p.dispatch()
 	if cancelled != nil {
 		return Lease{}, fmt.Errorf("pool %s: wait abandoned: %w", p.id, cancelled)
 	}
-	return Lease{}, &Rejection{Pool: p.id, Control: control, RetryAfter: p.retryAfter(p.clk.Now()), Waited: waited}
+	return Lease{}, &Rejection{Pool: p.id, Control: ctl, RetryAfter: p.retryAfter(p.clk.Now()), Waited: waited}
 }
 
 // TryAcquire admits without waiting; it never queues. It reports the control
 // that refused. The scheduler uses it: runs wait in the durable queue, not
 // here.
-func (p *Pool) TryAcquire(now time.Time) (Lease, string, bool) {
-	if p.shared != nil {
-		return p.tryAcquireShared(now)
-	}
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if len(p.waiters) > 0 {
-		_, control, _ := p.blockedLocked(now)
-		if control == "" {
-			control = ControlQueue
-		}
-		return Lease{}, control, false
-	}
-	return p.tryLocked(now)
+func (p *Pool) TryAcquire(now time.Time) (Lease, control.Name, bool) {
+	return p.g.tryAcquire(now)
 }
 
-// tryLocked takes a slot of both gates or neither.
-func (p *Pool) tryLocked(now time.Time) (Lease, string, bool) {
-	return p.tryLockedOn(p.counter, now)
+// TryAcquireWith is TryAcquire for a caller with lease gates of its own
+// (the scheduler's lane and semaphore permits) that must be taken together
+// with the pool's: on a shared pool they travel in the pool's op, all
+// taken or none in one round trip. got has one entry per extra gate when
+// Redis decided them; nil means it did not (no shared backend, Redis
+// unavailable, or the pool refused before asking) and nothing of them was
+// taken. A refusal by an extra gate alone reports control "". On a pool
+// that is not shared, got is always nil.
+func (p *Pool) TryAcquireWith(extra []window.LeaseWant, now time.Time) (l Lease, ctl control.Name, ok bool, got []window.LeaseGot) {
+	return p.g.tryAcquireWith(extra, now)
 }
 
-// tryLockedOn is tryLocked counting the rate gate in c: the pool's
-// counter, or the in-process fallback of a shared one.
-func (p *Pool) tryLockedOn(c window.Counter, now time.Time) (Lease, string, bool) {
-	if p.cfg.Concurrency > 0 && p.inFlight >= p.cfg.Concurrency {
-		return Lease{}, ControlConcurrency, false
-	}
-	l := Lease{p: p}
-	if p.cfg.Rate > 0 {
-		d := c.Take(p.scope, p.key, int64(p.cfg.Rate), 1, now)
-		if p.gCount != nil && !d.Unavailable {
-			p.gCount.Set(float64(d.Count))
-		}
-		if !d.Allowed {
-			if d.Unavailable {
-				return Lease{}, ControlUpstream, false
-			}
-			return Lease{}, ControlRate, false
-		}
-		l.rated, l.start, l.windowEnd = true, d.Start(), d.End()
-	}
-	if p.cfg.Concurrency > 0 {
-		p.inFlight++
-		l.slot = true
-		if p.gInFlight != nil {
-			p.gInFlight.Set(float64(p.inFlight))
-		}
-	}
-	return l, "", true
-}
-
-// blockedLocked reports which gate holds the head of the queue at now, and
-// when the rate gate reopens.
-func (p *Pool) blockedLocked(now time.Time) (time.Time, string, bool) {
-	if p.cfg.Concurrency > 0 && p.inFlight >= p.cfg.Concurrency {
-		return time.Time{}, ControlConcurrency, true
-	}
-	if p.cfg.Rate > 0 {
-		if d := p.counter.Peek(p.scope, p.key, int64(p.cfg.Rate)); !d.Allowed {
-			return d.End(), ControlRate, true
-		}
-	}
-	return time.Time{}, "", false
-}
-
-func (p *Pool) retryAfter(now time.Time) time.Duration {
-	if p.shared != nil {
-		p.mu.Lock()
-		defer p.mu.Unlock()
-		if p.sh.blocked == ControlRate && p.sh.blockedEnd.After(now) {
-			return p.sh.blockedEnd.Sub(now)
-		}
-		return 0
-	}
-	if p.cfg.Rate <= 0 {
-		return 0
-	}
-	d := p.counter.Peek(p.scope, p.key, int64(p.cfg.Rate))
-	if d.Allowed {
-		return 0
-	}
-	return d.ResetIn(now)
-}
+// retryAfter is how long a refused caller should wait: until the rate
+// window ends, 0 when that is unknown (the concurrency gate refused).
+func (p *Pool) retryAfter(now time.Time) time.Duration { return p.g.retryAfter(now) }
 
 func (p *Pool) release(h window.Held) {
 	p.mu.Lock()
@@ -440,10 +320,10 @@ func (p *Pool) release(h window.Held) {
 		p.mu.Unlock()
 		// Waiters are retried once Redis has the slot back, not before:
 		// an earlier try would be refused and cost a round trip.
-		h.Release(p.sh.freedFn)
+		h.Release(p.g.onReleased())
 		return
 	}
-	p.sh.freed++
+	p.freed++
 	// Only waiters or subscribers care; skipping dispatch keeps the clock
 	// read off the uncontended path.
 	wanted := len(p.waiters) > 0 || len(p.onFree) > 0
@@ -455,26 +335,7 @@ func (p *Pool) release(h window.Held) {
 
 // dispatch admits waiters from the head of the queue while both gates have
 // room, then tells subscribers that capacity may be free.
-func (p *Pool) dispatch() {
-	if p.shared != nil {
-		p.dispatchShared()
-		return
-	}
-	now := p.clk.Now()
-	p.mu.Lock()
-	for len(p.waiters) > 0 {
-		l, _, ok := p.tryLocked(now)
-		if !ok {
-			break
-		}
-		w := heap.Pop(&p.waiters).(*waiter)
-		w.granted, w.lease = true, l
-		close(w.ready)
-	}
-	p.setQueued()
-	p.armLocked(now)
-	p.unlockAndNotify()
-}
+func (p *Pool) dispatch() { p.g.dispatch() }
 
 // unlockAndNotify releases p.mu and, when no waiter is left to take the
 // capacity that may have freed, tells the OnFree subscribers.
@@ -487,19 +348,6 @@ func (p *Pool) unlockAndNotify() {
 			f()
 		}
 	}
-}
-
-// armLocked sets a timer at the end of the rate window when waiters are held
-// by the rate gate, so that they are released at the boundary.
-func (p *Pool) armLocked(now time.Time) {
-	if len(p.waiters) == 0 && len(p.onFree) == 0 {
-		return
-	}
-	end, control, blocked := p.blockedLocked(now)
-	if !blocked || control != ControlRate {
-		return
-	}
-	p.armWindowLocked(end)
 }
 
 // armWindowLocked sets the boundary timer at end (the rate window's end),
@@ -528,11 +376,7 @@ func (p *Pool) OnFree(f func()) {
 // the rate gate outside the pool's own queue (the scheduler).
 func (p *Pool) WatchWindow() {
 	p.mu.Lock()
-	if p.shared != nil {
-		p.armSharedLocked(p.clk.Now())
-	} else {
-		p.armLocked(p.clk.Now())
-	}
+	p.g.watchLocked(p.clk.Now())
 	p.mu.Unlock()
 }
 
@@ -604,13 +448,9 @@ func (p *Pool) Snapshot(now time.Time) Snapshot {
 	p.mu.Unlock()
 	s := Snapshot{ID: p.id, CapKey: p.capKey, Rate: cfg.Rate, Window: int(cfg.Window),
 		Concurrency: cfg.Concurrency, InFlight: inFlight, Queued: queued}
-	if p.shared != nil && cfg.Concurrency > 0 {
-		// Every sidecar's leases, when Redis can say.
-		p.mu.Lock()
-		set := p.leaseSetLocked()
-		p.mu.Unlock()
-		if n, ok := p.shared.LeaseHolders(set, now); ok {
-			s.InFlight = int(n)
+	if cfg.Concurrency > 0 {
+		if n, ok := p.g.holders(now); ok {
+			s.InFlight = int(n) // every sidecar's, when Redis can say
 		}
 	}
 	if cfg.Rate > 0 {

@@ -14,6 +14,7 @@ import (
 
 	"github.com/warden-dev/warden/governor/backend/redisx"
 	"github.com/warden-dev/warden/governor/clock"
+	"github.com/warden-dev/warden/governor/control"
 	"github.com/warden-dev/warden/governor/window"
 	"github.com/warden-dev/warden/policy"
 )
@@ -47,18 +48,18 @@ func waitQueued(t *testing.T, p *Pool, n int) {
 // mustTry takes a slot without waiting, failing the test when refused.
 func mustTry(t *testing.T, p *Pool, now time.Time) Lease {
 	t.Helper()
-	l, control, ok := p.TryAcquire(now)
+	l, ctl, ok := p.TryAcquire(now)
 	if !ok {
-		t.Fatalf("refused by %s", control)
+		t.Fatalf("refused by %s", ctl)
 	}
 	return l
 }
 
 // refusedBy fails the test unless TryAcquire is refused by control.
-func refusedBy(t *testing.T, p *Pool, now time.Time, control string) {
+func refusedBy(t *testing.T, p *Pool, now time.Time, ctl control.Name) {
 	t.Helper()
-	if _, got, ok := p.TryAcquire(now); ok || got != control {
-		t.Fatalf("TryAcquire: ok=%v control=%q, want refused by %s", ok, got, control)
+	if _, got, ok := p.TryAcquire(now); ok || got != ctl {
+		t.Fatalf("TryAcquire: ok=%v control=%q, want refused by %s", ok, got, ctl)
 	}
 }
 
@@ -74,19 +75,19 @@ func rejection(t *testing.T, err error) *Rejection {
 func TestImmediateRefusals(t *testing.T) {
 	eachBackend(t, func(t *testing.T, newSet func(clk *clock.Fake, pools ...policy.Pool) *Set) {
 		tests := []struct {
-			name    string
-			cfg     policy.Pool
-			takes   int
-			control string
+			name  string
+			cfg   policy.Pool
+			takes int
+			ctl   control.Name
 		}{
-			{"no queue, concurrency full", policy.Pool{Name: "p", Concurrency: 2}, 2, ControlQueue},
-			{"no queue, rate spent", policy.Pool{Name: "p", Rate: 3, Window: 60}, 3, ControlQueue},
+			{"no queue, concurrency full", policy.Pool{Name: "p", Concurrency: 2}, 2, control.PoolQueue},
+			{"no queue, rate spent", policy.Pool{Name: "p", Rate: 3, Window: 60}, 3, control.PoolQueue},
 			// max_wait 0s with a queue is a wait of at most nothing:
 			// refused at once by the gate that blocked, nobody queued.
 			// (A cap_key of its own: the cases share one Redis prefix,
 			// and the slots taken above stay held.)
-			{"max_wait 0s, concurrency full", policy.Pool{Name: "p", Concurrency: 1, Queue: 5, CapKey: "zw1"}, 1, ControlConcurrency},
-			{"max_wait 0s, rate spent", policy.Pool{Name: "p", Rate: 1, Window: 3600, Queue: 5, CapKey: "zw2"}, 1, ControlRate},
+			{"max_wait 0s, concurrency full", policy.Pool{Name: "p", Concurrency: 1, Queue: 5, CapKey: "zw1"}, 1, control.PoolConcurrency},
+			{"max_wait 0s, rate spent", policy.Pool{Name: "p", Rate: 1, Window: 3600, Queue: 5, CapKey: "zw2"}, 1, control.PoolRate},
 		}
 		for _, tc := range tests {
 			t.Run(tc.name, func(t *testing.T) {
@@ -98,8 +99,8 @@ func TestImmediateRefusals(t *testing.T) {
 					}
 				}
 				_, err := p.Acquire(context.Background(), 0, clk.Now())
-				if r := rejection(t, err); r.Control != tc.control || r.Waited != 0 {
-					t.Fatalf("control %s after %v, want %s at once", r.Control, r.Waited, tc.control)
+				if r := rejection(t, err); r.Control != tc.ctl || r.Waited != 0 {
+					t.Fatalf("control %s after %v, want %s at once", r.Control, r.Waited, tc.ctl)
 				}
 				if q := p.Snapshot(clk.Now()).Queued; q != 0 {
 					t.Fatalf("%d queued", q)
@@ -221,12 +222,12 @@ func TestRateWaitersReleasedAtBoundary(t *testing.T) {
 func TestMaxWaitNamesTheBlockingGate(t *testing.T) {
 	eachBackend(t, func(t *testing.T, newSet func(clk *clock.Fake, pools ...policy.Pool) *Set) {
 		tests := []struct {
-			name    string
-			cfg     policy.Pool
-			control string
+			name string
+			cfg  policy.Pool
+			ctl  control.Name
 		}{
-			{"rate", policy.Pool{Name: "p", Rate: 1, Window: 3600, Queue: 5, MaxWait: time.Second}, ControlRate},
-			{"concurrency", policy.Pool{Name: "p", Concurrency: 1, Queue: 5, MaxWait: time.Second}, ControlConcurrency},
+			{"rate", policy.Pool{Name: "p", Rate: 1, Window: 3600, Queue: 5, MaxWait: time.Second}, control.PoolRate},
+			{"concurrency", policy.Pool{Name: "p", Concurrency: 1, Queue: 5, MaxWait: time.Second}, control.PoolConcurrency},
 		}
 		for _, tc := range tests {
 			t.Run(tc.name, func(t *testing.T) {
@@ -243,8 +244,8 @@ func TestMaxWaitNamesTheBlockingGate(t *testing.T) {
 				waitQueued(t, p, 1)
 				clk.Advance(time.Second)
 				r := rejection(t, <-errc)
-				if r.Control != tc.control || r.Waited != time.Second {
-					t.Fatalf("got %s after %v, want %s after 1s", r.Control, r.Waited, tc.control)
+				if r.Control != tc.ctl || r.Waited != time.Second {
+					t.Fatalf("got %s after %v, want %s after 1s", r.Control, r.Waited, tc.ctl)
 				}
 			})
 		}
@@ -268,11 +269,11 @@ func TestQueueFull(t *testing.T) {
 		waitQueued(t, p, 1)
 		// Asked first (an Expect request's head), on either backend: the
 		// sidecar's own queue is full.
-		if r, refused := p.Refuses(clk.Now()); !refused || r.Control != ControlQueue {
+		if r, refused := p.Refuses(clk.Now()); !refused || r.Control != control.PoolQueue {
 			t.Fatalf("Refuses: %v %v, want pool_queue", r, refused)
 		}
 		_, err := p.Acquire(context.Background(), 0, clk.Now())
-		if r := rejection(t, err); r.Control != ControlQueue {
+		if r := rejection(t, err); r.Control != control.PoolQueue {
 			t.Fatalf("control %s, want pool_queue", r.Control)
 		}
 		first.Release()
@@ -288,15 +289,15 @@ func TestRefuses(t *testing.T) {
 		name          string
 		cfg           policy.Pool
 		takes, queued int
-		control       string // "": not refused
+		ctl           control.Name // "": not refused
 	}{
 		{"room", policy.Pool{Name: "p", Concurrency: 2, Rate: 5, Window: 60}, 1, 0, ""},
-		{"no queue, concurrency full", policy.Pool{Name: "p", Concurrency: 2}, 2, 0, ControlQueue},
-		{"no queue, rate spent", policy.Pool{Name: "p", Rate: 3, Window: 60}, 3, 0, ControlQueue},
-		{"max_wait 0s, concurrency full", policy.Pool{Name: "p", Concurrency: 1, Queue: 5}, 1, 0, ControlConcurrency},
-		{"max_wait 0s, rate spent", policy.Pool{Name: "p", Rate: 1, Window: 3600, Queue: 5}, 1, 0, ControlRate},
+		{"no queue, concurrency full", policy.Pool{Name: "p", Concurrency: 2}, 2, 0, control.PoolQueue},
+		{"no queue, rate spent", policy.Pool{Name: "p", Rate: 3, Window: 60}, 3, 0, control.PoolQueue},
+		{"max_wait 0s, concurrency full", policy.Pool{Name: "p", Concurrency: 1, Queue: 5}, 1, 0, control.PoolConcurrency},
+		{"max_wait 0s, rate spent", policy.Pool{Name: "p", Rate: 1, Window: 3600, Queue: 5}, 1, 0, control.PoolRate},
 		{"room in the queue", policy.Pool{Name: "p", Concurrency: 1, Queue: 2, MaxWait: time.Hour}, 1, 1, ""},
-		{"queue full", policy.Pool{Name: "p", Concurrency: 1, Queue: 2, MaxWait: time.Hour}, 1, 2, ControlQueue},
+		{"queue full", policy.Pool{Name: "p", Concurrency: 1, Queue: 2, MaxWait: time.Hour}, 1, 2, control.PoolQueue},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -321,14 +322,14 @@ func TestRefuses(t *testing.T) {
 			if got := p.Snapshot(clk.Now()); got != before {
 				t.Fatalf("Refuses changed the pool: %+v, was %+v", got, before)
 			}
-			if tc.control == "" {
+			if tc.ctl == "" {
 				if refused {
 					t.Fatalf("refused by %s, want let through", r.Control)
 				}
 				return
 			}
-			if !refused || r.Control != tc.control || r.Pool != "p" {
-				t.Fatalf("Refuses: %+v %v, want refused by %s", r, refused, tc.control)
+			if !refused || r.Control != tc.ctl || r.Pool != "p" {
+				t.Fatalf("Refuses: %+v %v, want refused by %s", r, refused, tc.ctl)
 			}
 			_, err := p.Acquire(context.Background(), 0, clk.Now())
 			if a := rejection(t, err); a.Control != r.Control || a.RetryAfter != r.RetryAfter {
@@ -428,7 +429,7 @@ func TestRefundResetAndReload(t *testing.T) {
 		p := s.Get("p")
 
 		l := mustTry(t, p, clk.Now())
-		refusedBy(t, p, clk.Now(), ControlRate)
+		refusedBy(t, p, clk.Now(), control.PoolRate)
 		l.Release()
 		l.Refund()
 		third, _, ok := p.TryAcquire(clk.Now())
@@ -465,8 +466,8 @@ func TestRefundAtAndResume(t *testing.T) {
 		start := l.WindowStart()
 		l.Release()
 		p.RefundAt(start.Add(-time.Minute)) // another window: no credit
-		if _, control, ok := p.TryAcquire(clk.Now()); ok || control != ControlRate {
-			t.Fatalf("refund of another window gave credit: ok=%v control=%s", ok, control)
+		if _, ctl, ok := p.TryAcquire(clk.Now()); ok || ctl != control.PoolRate {
+			t.Fatalf("refund of another window gave credit: ok=%v control=%s", ok, ctl)
 		}
 		p.RefundAt(start)
 		again, _, ok := p.TryAcquire(clk.Now())
@@ -480,8 +481,8 @@ func TestRefundAtAndResume(t *testing.T) {
 		if snap := p.Snapshot(clk.Now()); snap.InFlight != 1 || snap.Count != 0 {
 			t.Fatalf("Resume: %+v, want one in flight and no rate slot taken", snap)
 		}
-		if _, control, ok := p.TryAcquire(clk.Now()); ok || control != ControlConcurrency {
-			t.Fatalf("resumed work did not hold its slot: ok=%v control=%s", ok, control)
+		if _, ctl, ok := p.TryAcquire(clk.Now()); ok || ctl != control.PoolConcurrency {
+			t.Fatalf("resumed work did not hold its slot: ok=%v control=%s", ok, ctl)
 		}
 		held.Release()
 		if _, _, ok := p.TryAcquire(clk.Now()); !ok {
@@ -544,11 +545,11 @@ func TestBackendDownFailClosedRefusesUpstream(t *testing.T) {
 	s := NewSet([]policy.Pool{{Name: "p", Concurrency: 2, Rate: 10, Window: 60, Queue: 10, MaxWait: time.Minute}}, down, clk, nil)
 	p := s.ByID("p")
 	_, err = p.Acquire(context.Background(), 0, clk.Now())
-	if r := rejection(t, err); r.Control != ControlUpstream || r.RetryAfter != time.Second {
-		t.Fatalf("rejection %+v, want control %s", r, ControlUpstream)
+	if r := rejection(t, err); r.Control != control.Upstream || r.RetryAfter != time.Second {
+		t.Fatalf("rejection %+v, want control %s", r, control.Upstream)
 	}
-	if _, control, ok := p.TryAcquire(clk.Now()); ok || control != ControlUpstream {
-		t.Fatalf("TryAcquire: ok=%v control=%q", ok, control)
+	if _, ctl, ok := p.TryAcquire(clk.Now()); ok || ctl != control.Upstream {
+		t.Fatalf("TryAcquire: ok=%v control=%q", ok, ctl)
 	}
 	if snap := p.Snapshot(clk.Now()); snap.InFlight != 0 || snap.Queued != 0 {
 		t.Fatalf("refusals held state: %+v", snap)

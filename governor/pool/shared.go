@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/warden-dev/warden/governor/clock"
+	"github.com/warden-dev/warden/governor/control"
 	"github.com/warden-dev/warden/governor/window"
 )
 
@@ -39,61 +40,66 @@ const SharedRetryEvery = 50 * time.Millisecond
 // leaseKind names the pools' lease sets in Redis (lease:pool:ID).
 const leaseKind = "pool"
 
-// sharedState is a shared pool's dispatch state, under Pool.mu.
-type sharedState struct {
-	dispatching bool      // a dispatcher is serving the queue
-	again       bool      // capacity may have freed while it was on the wire
-	blocked     string    // the control that refused the last admission
-	blockedEnd  time.Time // with blocked == pool_rate: when the window ends
-	freed       uint64    // counts frees, to notice one racing a refusal
+// sharedGates decides a pool's gates in Redis. Its dispatch state is under
+// Pool.mu.
+type sharedGates struct {
+	p   *Pool
+	red *window.Redis
+
+	dispatching bool         // a dispatcher is serving the queue
+	again       bool         // capacity may have freed while it was on the wire
+	blocked     control.Name // the control that refused the last admission
+	blockedEnd  time.Time    // with blocked == pool_rate: when the window ends
 	tick        clock.Timer
 	tickArmed   bool
 	// set is the pool's lease set key, built for setPrefix.
 	set, setPrefix string
-	// freedFn is freedShared as a func value made once: a method value
-	// made per release would allocate.
+	// freedFn is freed as a func value made once: a method value made
+	// per release would allocate.
 	freedFn func()
 }
 
 // leaseSetLocked is the pool's lease set key under the counter's prefix.
-func (p *Pool) leaseSetLocked() string {
-	if prefix := p.shared.Prefix(); p.sh.set == "" || prefix != p.sh.setPrefix {
-		p.sh.set, p.sh.setPrefix = window.LeaseSet(prefix, leaseKind, p.id), prefix
+func (s *sharedGates) leaseSetLocked() string {
+	p := s.p
+	if prefix := s.red.Prefix(); s.set == "" || prefix != s.setPrefix {
+		s.set, s.setPrefix = window.LeaseSet(prefix, leaseKind, p.id), prefix
 	}
-	return p.sh.set
+	return s.set
 }
 
 // take tries both gates once, in Redis when it can, without p.mu held.
-func (p *Pool) take(now time.Time) (Lease, string, bool) {
-	l, control, ok, _ := p.takeWith(nil, now)
-	return l, control, ok
+func (s *sharedGates) take(now time.Time) (Lease, control.Name, bool) {
+	l, ctl, ok, _ := s.takeWith(nil, now)
+	return l, ctl, ok
 }
 
 // takeWith is take with the caller's extra lease gates in the same op.
 // got is the extra gates' outcome when Redis decided them, nil when it
 // did not (then nothing of them was taken). A refusal by an extra gate
 // alone has no pool control: control is "".
-func (p *Pool) takeWith(extra []window.LeaseWant, now time.Time) (l Lease, control string, ok bool, got []window.LeaseGot) {
+func (s *sharedGates) takeWith(extra []window.LeaseWant, now time.Time) (l Lease, ctl control.Name, ok bool, got []window.LeaseGot) {
+	p := s.p
 	p.mu.Lock()
-	cfg, scope, set := p.cfg, p.scope, p.leaseSetLocked()
+	cfg, scope, set := p.cfg, p.scope, s.leaseSetLocked()
 	p.mu.Unlock()
 	if cfg.Concurrency <= 0 && cfg.Rate <= 0 && len(extra) == 0 {
 		return Lease{p: p}, "", true, nil
 	}
-	res, err := p.shared.TakeLeasedWith(extra, scope, p.key, int64(cfg.Rate), 1, set, int64(cfg.Concurrency), now)
+	res, err := s.red.TakeLeasedWith(extra, scope, p.key, int64(cfg.Rate), 1, set, int64(cfg.Concurrency), now)
 	if err != nil {
-		if p.shared.FailClosed() {
-			return Lease{}, ControlUpstream, false, nil
+		if s.red.FailClosed() {
+			return Lease{}, control.Upstream, false, nil
 		}
 		// fail_open: this sidecar's own gates, in process (no Redis call
 		// under the lock: Local never leaves the process).
 		p.mu.Lock()
 		defer p.mu.Unlock()
-		l, control, ok = p.tryLockedOn(p.shared.Local(), now)
-		if !ok && control == ControlRate {
-			p.sh.blockedEnd = p.shared.Local().Peek(scope, p.key, int64(cfg.Rate)).End()
+		l, ctl, ok = p.tryLockedOn(s.red.Local(), now)
+		if !ok && ctl == control.PoolRate {
+			s.blockedEnd = s.red.Local().Peek(scope, p.key, int64(cfg.Rate)).End()
 		}
-		return l, control, ok, nil
+		return l, ctl, ok, nil
 	}
 	if cfg.Rate > 0 && p.gCount != nil {
 		p.gCount.Set(float64(res.Window.Count))
@@ -101,12 +107,12 @@ func (p *Pool) takeWith(extra []window.LeaseWant, now time.Time) (l Lease, contr
 	if !res.Admitted {
 		switch {
 		case !res.LeaseOK:
-			return Lease{}, ControlConcurrency, false, res.Extra
+			return Lease{}, control.PoolConcurrency, false, res.Extra
 		case cfg.Rate > 0 && !res.Window.Allowed:
 			p.mu.Lock()
-			p.sh.blockedEnd = res.Window.End()
+			s.blockedEnd = res.Window.End()
 			p.mu.Unlock()
-			return Lease{}, ControlRate, false, res.Extra
+			return Lease{}, control.PoolRate, false, res.Extra
 		}
 		return Lease{}, "", false, res.Extra
 	}
@@ -126,150 +132,145 @@ func (p *Pool) takeWith(extra []window.LeaseWant, now time.Time) (l Lease, contr
 	return l, "", true, res.Extra
 }
 
-// resumeShared adds a lease for work already running (Resume), whatever
+// resume adds a lease for work already running (Resume), whatever
 // the set holds: the work is in flight, so other sidecars must count it.
 // With Redis unavailable the slot is this sidecar's only (zero Held).
-func (p *Pool) resumeShared() window.Held {
+func (s *sharedGates) resume() window.Held {
+	p := s.p
 	p.mu.Lock()
-	conc, set := p.cfg.Concurrency, p.leaseSetLocked()
+	conc, set := p.cfg.Concurrency, s.leaseSetLocked()
 	p.mu.Unlock()
 	if conc <= 0 {
 		return window.Held{}
 	}
-	res, err := p.shared.TakeLeased(nil, nil, 0, 0, set, math.MaxInt64, p.clk.Now())
+	res, err := s.red.TakeLeased(nil, nil, 0, 0, set, math.MaxInt64, p.clk.Now())
 	if err != nil {
 		return window.Held{}
 	}
 	return res.Lease
 }
 
-func (p *Pool) acquireShared(ctx context.Context, priority int, now time.Time) (Lease, error) {
+func (s *sharedGates) acquire(ctx context.Context, priority int, now time.Time) (Lease, error) {
+	p := s.p
 	p.mu.Lock()
-	freed, tried := p.sh.freed, false
-	if len(p.waiters) == 0 && !p.sh.dispatching {
+	freed, tried := p.freed, false
+	if len(p.waiters) == 0 && !s.dispatching {
 		p.mu.Unlock()
-		l, control, ok := p.take(now)
+		l, ctl, ok := s.take(now)
 		if ok {
 			return l, nil
 		}
-		if control == ControlUpstream {
+		if ctl == control.Upstream {
 			return Lease{}, p.upstreamDown()
 		}
 		p.mu.Lock()
-		p.sh.blocked, tried = control, true
+		s.blocked, tried = ctl, true
 	}
 	if p.noWaitLocked() {
-		control := p.sharedControlLocked()
+		ctl := s.controlLocked()
 		p.mu.Unlock()
-		return Lease{}, p.waitedZero(control, now)
+		return Lease{}, p.waitedZero(ctl, now)
 	}
 	w := p.enqueueLocked(priority)
 	if w == nil {
 		p.mu.Unlock()
 		return Lease{}, p.queueFull(now)
 	}
-	p.armSharedLocked(p.clk.Now())
+	s.armLocked(p.clk.Now())
 	// A slot that freed between our refusal and our joining the queue
 	// found nobody to wake: serve the queue now rather than at the tick.
-	raced := tried && p.sh.freed != freed
+	raced := tried && p.freed != freed
 	p.mu.Unlock()
 	if raced {
-		p.dispatchShared()
+		s.dispatch()
 	}
 	return p.wait(ctx, w, now)
 }
 
-func (p *Pool) tryAcquireShared(now time.Time) (Lease, string, bool) {
+func (s *sharedGates) tryAcquire(now time.Time) (Lease, control.Name, bool) {
+	p := s.p
 	p.mu.Lock()
 	if len(p.waiters) > 0 {
-		control := p.sharedControlLocked()
+		ctl := s.controlLocked()
 		p.mu.Unlock()
-		return Lease{}, control, false
+		return Lease{}, ctl, false
 	}
 	p.mu.Unlock()
-	l, control, ok := p.take(now)
+	l, ctl, ok := s.take(now)
 	if !ok {
 		p.mu.Lock()
-		p.sh.blocked = control
+		s.blocked = ctl
 		// Subscribers (the scheduler) wait outside the queue: keep them
 		// posted about slots other sidecars free.
 		if len(p.onFree) > 0 {
-			p.armSharedLocked(p.clk.Now())
+			s.armLocked(p.clk.Now())
 		}
 		p.mu.Unlock()
 	}
-	return l, control, ok
+	return l, ctl, ok
 }
 
-// TryAcquireWith is TryAcquire for a caller with lease gates of its own
-// (the scheduler's lane and semaphore permits) that must be taken together
-// with the pool's: on a shared pool they travel in the pool's op, all
-// taken or none in one round trip. got has one entry per extra gate when
-// Redis decided them; nil means it did not (no shared backend, Redis
-// unavailable, or the pool refused before asking) and nothing of them was
-// taken. A refusal by an extra gate alone reports control "". On a pool
-// that is not shared, got is always nil.
-func (p *Pool) TryAcquireWith(extra []window.LeaseWant, now time.Time) (l Lease, control string, ok bool, got []window.LeaseGot) {
-	if p.shared == nil {
-		l, control, ok = p.TryAcquire(now)
-		return l, control, ok, nil
-	}
+// tryAcquireWith is TryAcquireWith on shared gates.
+func (s *sharedGates) tryAcquireWith(extra []window.LeaseWant, now time.Time) (l Lease, ctl control.Name, ok bool, got []window.LeaseGot) {
+	p := s.p
 	p.mu.Lock()
 	if len(p.waiters) > 0 {
-		control := p.sharedControlLocked()
+		ctl := s.controlLocked()
 		p.mu.Unlock()
-		return Lease{}, control, false, nil
+		return Lease{}, ctl, false, nil
 	}
 	p.mu.Unlock()
-	l, control, ok, got = p.takeWith(extra, now)
-	if !ok && control != "" {
+	l, ctl, ok, got = s.takeWith(extra, now)
+	if !ok && ctl != "" {
 		p.mu.Lock()
-		p.sh.blocked = control
+		s.blocked = ctl
 		if len(p.onFree) > 0 {
-			p.armSharedLocked(p.clk.Now())
+			s.armLocked(p.clk.Now())
 		}
 		p.mu.Unlock()
 	}
-	return l, control, ok, got
+	return l, ctl, ok, got
 }
 
-// sharedControlLocked names the control holding the queue.
-func (p *Pool) sharedControlLocked() string {
+// controlLocked names the control holding the queue.
+func (s *sharedGates) controlLocked() control.Name {
+	p := s.p
 	switch {
-	case p.sh.blocked != "":
-		return p.sh.blocked
+	case s.blocked != "":
+		return s.blocked
 	case p.cfg.Concurrency > 0:
-		return ControlConcurrency
+		return control.PoolConcurrency
 	default:
-		return ControlRate
+		return control.PoolRate
 	}
 }
 
-// dispatchShared admits waiters from the head of the queue while Redis
+// dispatch admits waiters from the head of the queue while Redis
 // admits, one round trip each, with the lock released during each.
-func (p *Pool) dispatchShared() {
+func (s *sharedGates) dispatch() {
+	p := s.p
 	p.mu.Lock()
-	if p.sh.dispatching {
-		p.sh.again = true
+	if s.dispatching {
+		s.again = true
 		p.mu.Unlock()
 		return
 	}
-	p.sh.dispatching = true
+	s.dispatching = true
 	var spare []Lease
 	refused := false
 	for len(p.waiters) > 0 {
-		p.sh.again = false
+		s.again = false
 		p.mu.Unlock()
-		l, control, ok := p.take(p.clk.Now())
+		l, ctl, ok := s.take(p.clk.Now())
 		p.mu.Lock()
 		if !ok {
-			p.sh.blocked, refused = control, true
-			if p.sh.again {
+			s.blocked, refused = ctl, true
+			if s.again {
 				continue // something freed during the round trip
 			}
 			break
 		}
-		p.sh.blocked = ""
+		s.blocked = ""
 		if len(p.waiters) == 0 {
 			// The waiter gave up while we were admitting it.
 			spare = append(spare, l)
@@ -279,10 +280,10 @@ func (p *Pool) dispatchShared() {
 		w.granted, w.lease = true, l
 		close(w.ready)
 	}
-	p.sh.dispatching = false
+	s.dispatching = false
 	p.setQueued()
 	if refused {
-		p.armSharedLocked(p.clk.Now())
+		s.armLocked(p.clk.Now())
 	}
 	p.unlockAndNotify()
 	for _, l := range spare {
@@ -291,47 +292,80 @@ func (p *Pool) dispatchShared() {
 	}
 }
 
-// armSharedLocked schedules the next retry of whoever waits: at the
+// armLocked schedules the next retry of whoever waits: at the
 // window's end when the rate gate refused, after SharedRetryEvery when the
 // concurrency gate did (or the backend was down). now must be the clock's
 // current time, not an admission's (which may predate the boundary).
-func (p *Pool) armSharedLocked(now time.Time) {
+func (s *sharedGates) armLocked(now time.Time) {
+	p := s.p
 	if len(p.waiters) == 0 && len(p.onFree) == 0 {
 		return
 	}
-	if p.sh.blocked == ControlRate && !p.sh.blockedEnd.IsZero() {
-		if !p.sh.blockedEnd.After(now) {
+	if s.blocked == control.PoolRate && !s.blockedEnd.IsZero() {
+		if !s.blockedEnd.After(now) {
 			// The window ended while the refusal was on its way back:
 			// its boundary timer may have fired already. Retry now.
 			p.clk.AfterFunc(0, p.dispatch)
 			return
 		}
-		p.armWindowLocked(p.sh.blockedEnd)
+		p.armWindowLocked(s.blockedEnd)
 		return
 	}
-	if p.sh.tickArmed {
+	if s.tickArmed {
 		return
 	}
-	p.sh.tickArmed = true
-	p.sh.tick = p.clk.AfterFunc(SharedRetryEvery, p.onTick)
+	s.tickArmed = true
+	s.tick = p.clk.AfterFunc(SharedRetryEvery, s.onTick)
 }
 
-func (p *Pool) onTick() {
+func (s *sharedGates) onTick() {
+	p := s.p
 	p.mu.Lock()
-	p.sh.tickArmed = false
+	s.tickArmed = false
 	p.mu.Unlock()
-	p.dispatchShared()
+	s.dispatch()
 }
 
-// freedShared runs once Redis has a released slot back (in the lease
+// freed runs once Redis has a released slot back (in the lease
 // client's release goroutine, which must not wait on admissions).
-func (p *Pool) freedShared() {
+func (s *sharedGates) freed() {
+	p := s.p
 	p.mu.Lock()
-	p.sh.freed++
-	p.sh.again = true
+	p.freed++
+	s.again = true
 	wanted := len(p.waiters) > 0 || len(p.onFree) > 0
 	p.mu.Unlock()
 	if wanted {
-		go p.dispatchShared()
+		go s.dispatch()
 	}
+}
+
+func (s *sharedGates) shared() bool       { return true }
+func (s *sharedGates) onReleased() func() { return s.freedFn }
+
+// holdingLocked names the gate the last admission found shut. Whether it
+// still is only Redis knows: shut is never reported.
+func (s *sharedGates) holdingLocked(time.Time) (control.Name, bool) {
+	return s.controlLocked(), false
+}
+
+func (s *sharedGates) watchLocked(now time.Time) { s.armLocked(now) }
+
+// retryAfter is the time until the window the last refusal found full
+// ends; 0 when the concurrency gate refused.
+func (s *sharedGates) retryAfter(now time.Time) time.Duration {
+	s.p.mu.Lock()
+	defer s.p.mu.Unlock()
+	if s.blocked == control.PoolRate && s.blockedEnd.After(now) {
+		return s.blockedEnd.Sub(now)
+	}
+	return 0
+}
+
+// holders counts every sidecar's leases, when Redis can say.
+func (s *sharedGates) holders(now time.Time) (int64, bool) {
+	s.p.mu.Lock()
+	set := s.leaseSetLocked()
+	s.p.mu.Unlock()
+	return s.red.LeaseHolders(set, now)
 }

@@ -16,6 +16,7 @@ import (
 
 	"github.com/warden-dev/warden/governor/backend/redisx"
 	"github.com/warden-dev/warden/governor/clock"
+	"github.com/warden-dev/warden/governor/control"
 	"github.com/warden-dev/warden/governor/window"
 	"github.com/warden-dev/warden/internal/testkit/redistest"
 	"github.com/warden-dev/warden/internal/testkit/testenv"
@@ -122,17 +123,17 @@ func TestSharedDeadHolderSlotsReturnAfterLease(t *testing.T) {
 	deadRedis.Close() // dies: no release, no more renewals
 
 	live, _ := sidecar(t, url, prefix, clk, false, cfg)
-	if _, control, ok := live.TryAcquire(clk.Now()); ok || control != ControlConcurrency {
-		t.Fatalf("slots of a holder inside its lease: ok=%v control=%s", ok, control)
+	if _, ctl, ok := live.TryAcquire(clk.Now()); ok || ctl != control.PoolConcurrency {
+		t.Fatalf("slots of a holder inside its lease: ok=%v control=%s", ok, ctl)
 	}
 	clk.Advance(redisx.DefaultLeaseTTL - time.Millisecond)
 	if _, _, ok := live.TryAcquire(clk.Now()); ok {
 		t.Fatal("a slot returned before its lease ended")
 	}
 	clk.Advance(time.Millisecond)
-	l, control, ok := live.TryAcquire(clk.Now())
+	l, ctl, ok := live.TryAcquire(clk.Now())
 	if !ok {
-		t.Fatalf("the dead holder's slot did not return after its lease: %s", control)
+		t.Fatalf("the dead holder's slot did not return after its lease: %s", ctl)
 	}
 	if snap := live.Snapshot(clk.Now()); snap.InFlight != 1 || snap.Count != 3 {
 		t.Fatalf("snapshot %+v: want 1 shared lease in flight and 3 rate slots taken", snap)
@@ -198,17 +199,17 @@ func TestSharedConcurrencyOutage(t *testing.T) {
 					l.Release()
 				}
 			}
-			l, control, ok := p.TryAcquire(time.Now())
+			l, ctl, ok := p.TryAcquire(time.Now())
 			if failClosed {
-				if ok || control != ControlUpstream {
-					t.Fatalf("fail_closed during the outage: ok=%v control=%s", ok, control)
+				if ok || ctl != control.Upstream {
+					t.Fatalf("fail_closed during the outage: ok=%v control=%s", ok, ctl)
 				}
 			} else {
 				if !ok {
-					t.Fatalf("fail_open refused on local concurrency: %s", control)
+					t.Fatalf("fail_open refused on local concurrency: %s", ctl)
 				}
-				if _, control, ok := p.TryAcquire(time.Now()); ok || control != ControlConcurrency {
-					t.Fatalf("local concurrency of 1 admitted a second: ok=%v control=%s", ok, control)
+				if _, ctl, ok := p.TryAcquire(time.Now()); ok || ctl != control.PoolConcurrency {
+					t.Fatalf("local concurrency of 1 admitted a second: ok=%v control=%s", ok, ctl)
 				}
 				l.Release()
 			}
@@ -222,9 +223,9 @@ func TestSharedConcurrencyOutage(t *testing.T) {
 					t.Fatal("the backend never came back")
 				}
 			}
-			l, control, ok = p.TryAcquire(time.Now())
+			l, ctl, ok = p.TryAcquire(time.Now())
 			if !ok {
-				t.Fatalf("refused after recovery: %s", control)
+				t.Fatalf("refused after recovery: %s", ctl)
 			}
 			if n, ok := r.LeaseHolders(window.LeaseSet(r.Prefix(), leaseKind, p.ID()), time.Now()); !ok || n != 1 {
 				t.Fatalf("after recovery the lease is not in Redis: %d %v", n, ok)
@@ -258,8 +259,8 @@ func runHolder(spec string) {
 	}
 	p := NewSet([]policy.Pool{{Name: "p", Concurrency: 2}}, r, clock.Real{}, nil).Get("p")
 	for range 2 {
-		if _, control, ok := p.TryAcquire(time.Now()); !ok {
-			fmt.Println("refused:", control)
+		if _, ctl, ok := p.TryAcquire(time.Now()); !ok {
+			fmt.Println("refused:", ctl)
 			os.Exit(2)
 		}
 	}
@@ -297,8 +298,8 @@ func TestSharedKilledHolderProcess(t *testing.T) {
 
 	p, _ := sidecar(t, url, prefix, clock.Real{}, false, policy.Pool{Name: "p", Concurrency: 2, Queue: 10, MaxWait: 20 * time.Second})
 	time.Sleep(2 * childLeaseTTL) // two lease durations: only renewals keep the slots taken
-	if _, control, ok := p.TryAcquire(time.Now()); ok || control != ControlConcurrency {
-		t.Fatalf("a live holder's slots were free after its lease duration: ok=%v control=%s", ok, control)
+	if _, ctl, ok := p.TryAcquire(time.Now()); ok || ctl != control.PoolConcurrency {
+		t.Fatalf("a live holder's slots were free after its lease duration: ok=%v control=%s", ok, ctl)
 	}
 
 	if err := cmd.Process.Signal(syscall.SIGKILL); err != nil {
@@ -334,7 +335,7 @@ func TestSharedOnFreeForRemoteRelease(t *testing.T) {
 		}
 	})
 	held := mustTry(t, a, time.Now())
-	refusedBy(t, b, time.Now(), ControlConcurrency) // the first sidecar holds the only slot
+	refusedBy(t, b, time.Now(), control.PoolConcurrency) // the first sidecar holds the only slot
 	held.Release()
 	deadline := time.After(10 * time.Second)
 	for {
@@ -416,9 +417,9 @@ func TestTryAcquireWithAllOrNothing(t *testing.T) {
 	if err := rdb.ZAdd(ctx, setB, redis.Z{Score: float64(clk.Now().Add(time.Hour).UnixMilli()), Member: "other"}).Err(); err != nil {
 		t.Fatal(err)
 	}
-	_, control, ok, got := p.TryAcquireWith(wants, clk.Now())
-	if ok || control != "" || len(got) != 2 || !got[0].OK || got[1].OK {
-		t.Fatalf("with set b full: ok=%v control=%q got=%+v; want a refusal by extra gate 1 alone", ok, control, got)
+	_, ctl, ok, got := p.TryAcquireWith(wants, clk.Now())
+	if ok || ctl != "" || len(got) != 2 || !got[0].OK || got[1].OK {
+		t.Fatalf("with set b full: ok=%v control=%q got=%+v; want a refusal by extra gate 1 alone", ok, ctl, got)
 	}
 	if a, pl, snap := holders(setA), holders(poolSet), p.Snapshot(clk.Now()); a != 0 || pl != 0 || snap.Count != 0 {
 		t.Fatalf("a refused admission left set a=%d, pool leases=%d, rate count=%d; want all 0", a, pl, snap.Count)
@@ -427,9 +428,9 @@ func TestTryAcquireWithAllOrNothing(t *testing.T) {
 	if err := rdb.ZRem(ctx, setB, "other").Err(); err != nil {
 		t.Fatal(err)
 	}
-	l, control, ok, taken := p.TryAcquireWith(wants, clk.Now())
+	l, ctl, ok, taken := p.TryAcquireWith(wants, clk.Now())
 	if !ok || len(taken) != 2 || !taken[0].Lease.Shared() || !taken[1].Lease.Shared() {
-		t.Fatalf("with room everywhere: ok=%v control=%q got=%+v", ok, control, taken)
+		t.Fatalf("with room everywhere: ok=%v control=%q got=%+v", ok, ctl, taken)
 	}
 	if a, b, pl, snap := holders(setA), holders(setB), holders(poolSet), p.Snapshot(clk.Now()); a != 1 || b != 1 || pl != 1 || snap.Count != 1 {
 		t.Fatalf("after the admission: a=%d b=%d pool=%d count=%d; want 1 each", a, b, pl, snap.Count)
@@ -440,9 +441,9 @@ func TestTryAcquireWithAllOrNothing(t *testing.T) {
 
 	// The pool is full: a third set asked with it stays empty.
 	setC := window.LeaseSet(prefix, "test", "c")
-	_, control, ok, got = p.TryAcquireWith([]window.LeaseWant{{Set: setC, Limit: 5}}, clk.Now())
-	if ok || control != ControlConcurrency || len(got) != 1 || !got[0].OK {
-		t.Fatalf("with the pool full: ok=%v control=%q got=%+v", ok, control, got)
+	_, ctl, ok, got = p.TryAcquireWith([]window.LeaseWant{{Set: setC, Limit: 5}}, clk.Now())
+	if ok || ctl != control.PoolConcurrency || len(got) != 1 || !got[0].OK {
+		t.Fatalf("with the pool full: ok=%v control=%q got=%+v", ok, ctl, got)
 	}
 	if c := holders(setC); c != 0 {
 		t.Fatalf("a refused admission left %d leases in set c", c)

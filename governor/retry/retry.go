@@ -15,12 +15,9 @@ import (
 	"time"
 
 	"github.com/warden-dev/warden/governor/clock"
+	"github.com/warden-dev/warden/governor/control"
 	"github.com/warden-dev/warden/policy"
 )
-
-// ControlBudget is the control name (SPEC §4) reported when a retry is
-// refused because the budget is spent.
-const ControlBudget = "retry_budget"
 
 // Policy is one retry policy with its own budget and random source. It is
 // safe for concurrent use.
@@ -180,18 +177,18 @@ func (p *Policy) NonRetryable(reason string) bool {
 // ShouldRetry decides whether to make retry number attempt (1-based) after
 // a failure described by reason. Checks run cheapest and most final first:
 // attempts left (attempt ≤ count), then non_retryable, then the budget. A
-// refusal by the budget returns control ControlBudget; the other refusals
+// refusal by the budget returns control.RetryBudget; the other refusals
 // return "" because the failure is simply returned as is.
 //
 // A true result has already been charged to the budget as one retry and
 // one execution: the caller must make the retry and must not also call
 // RecordExecution for it.
-func (p *Policy) ShouldRetry(attempt int, reason string) (ok bool, control string) {
+func (p *Policy) ShouldRetry(attempt int, reason string) (ok bool, refused control.Name) {
 	if attempt < 1 || attempt > p.count || p.NonRetryable(reason) {
 		return false, ""
 	}
 	if p.budget != nil && !p.budget.TryRetry() {
-		return false, ControlBudget
+		return false, control.RetryBudget
 	}
 	return true, ""
 }

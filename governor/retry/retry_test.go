@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/warden-dev/warden/governor/clock"
+	"github.com/warden-dev/warden/governor/control"
 	"github.com/warden-dev/warden/policy"
 )
 
@@ -178,7 +179,7 @@ func TestShouldRetry(t *testing.T) {
 		attempt int
 		reason  string
 		ok      bool
-		control string
+		control control.Name
 	}{
 		{1, "HTTP/1.1 503 Service Unavailable", true, ""},
 		{2, "HTTP/1.1 503 Service Unavailable", true, ""},
@@ -186,9 +187,9 @@ func TestShouldRetry(t *testing.T) {
 		{0, "HTTP/1.1 503 Service Unavailable", false, ""},
 		{1, "Stripe error: card_declined (do_not_honor)", false, ""},
 	} {
-		ok, control := p.ShouldRetry(tc.attempt, tc.reason)
-		if ok != tc.ok || control != tc.control {
-			t.Errorf("ShouldRetry(%d, %q) = %v, %q; want %v, %q", tc.attempt, tc.reason, ok, control, tc.ok, tc.control)
+		ok, refused := p.ShouldRetry(tc.attempt, tc.reason)
+		if ok != tc.ok || refused != tc.control {
+			t.Errorf("ShouldRetry(%d, %q) = %v, %q; want %v, %q", tc.attempt, tc.reason, ok, refused, tc.ok, tc.control)
 		}
 	}
 	if p.Budget() != nil {
@@ -215,7 +216,7 @@ func TestShouldRetryBudget(t *testing.T) {
 	if e, r := p.Budget().Stats(); e != 23 || r != 3 {
 		t.Fatalf("stats = %d executions, %d retries; want 23, 3", e, r)
 	}
-	if ok, c := p.ShouldRetry(1, "503"); ok || c != ControlBudget {
+	if ok, c := p.ShouldRetry(1, "503"); ok || c != control.RetryBudget {
 		t.Fatalf("spent budget: %v %q", ok, c)
 	}
 }

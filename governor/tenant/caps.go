@@ -7,23 +7,15 @@
 package tenant
 
 import (
-	"strconv"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/warden-dev/warden/governor/control"
 	"github.com/warden-dev/warden/governor/metrics"
 	"github.com/warden-dev/warden/governor/window"
-	"github.com/warden-dev/warden/internal/jsonstr"
 	"github.com/warden-dev/warden/policy"
 )
-
-// Control is the control name tenant caps report.
-const Control = "tenant_rate"
-
-// ControlUpstream is reported instead when the shared backend is down and
-// backend.on_error is fail_closed (SPEC §9): the cap was not consulted.
-const ControlUpstream = "upstream"
 
 // OverflowQuota names the overflow window in 429 bodies and listings: the
 // window tenants first seen beyond max_keys share.
@@ -147,11 +139,11 @@ func (c *Caps) limitOf(tenant []byte) limit {
 
 // Control names what refused the request: tenant_rate, or upstream when
 // the shared backend was unreachable (Decision.Unavailable).
-func (r Result) Control() string {
+func (r Result) Control() control.Name {
 	if r.Unavailable {
-		return ControlUpstream
+		return control.Upstream
 	}
-	return Control
+	return control.TenantRate
 }
 
 // RetryAfter is the whole number of seconds, at least 1, until the tenant's
@@ -161,12 +153,7 @@ func (r Result) RetryAfter(now time.Time) int {
 	if r.Unavailable {
 		return 1
 	}
-	d := r.ResetIn(now)
-	secs := int((d + time.Second - 1) / time.Second)
-	if secs < 1 {
-		secs = 1
-	}
-	return secs
+	return int(control.RetryAfterSeconds(r.ResetIn(now)))
 }
 
 // Quota names the refused quota the way the 429 body does: "tenant:acme",
@@ -179,28 +166,23 @@ func (r Result) Quota() string {
 	return "tenant:" + string(r.Tenant)
 }
 
-// AppendBody appends the JSON body of SPEC §4's tenant 429 to dst:
+// Refusal is SPEC §4's tenant 429:
 // {"control":"tenant_rate","quota":"tenant:acme","limit":500,"current":501,"retryAfterSeconds":1}
-// ("quota":"tenant_overflow" when the overflow window refused).
-// current counts the refused request, which the window itself never does.
-// When the backend was unreachable (fail_closed) the count is unknown:
+// with Retry-After and the RateLimit fields ("quota":"tenant_overflow"
+// when the overflow window refused). current counts the refused request,
+// which the window itself never does. When the backend was unreachable
+// (fail_closed) nothing was counted: no current and no RateLimit fields,
 // {"control":"upstream","quota":"tenant:acme","limit":500,"retryAfterSeconds":1}.
-func (r Result) AppendBody(dst []byte, now time.Time) []byte {
-	if r.Unavailable {
-		dst = append(dst, `{"control":"`+ControlUpstream+`","quota":`...)
-		dst = jsonstr.Append(dst, r.Quota())
-		dst = append(dst, `,"limit":`...)
-		dst = strconv.AppendInt(dst, r.Limit, 10)
-		dst = append(dst, `,"retryAfterSeconds":1}`...)
-		return dst
+func (r Result) Refusal(now time.Time) control.Refusal {
+	ref := control.Refusal{Control: r.Control(), Quota: r.Quota(), Limit: r.Limit, RetryAfter: int64(r.RetryAfter(now))}
+	if !r.Unavailable {
+		ref.Counted, ref.Current, ref.Remaining = true, r.Count+1, r.Remaining()
 	}
-	dst = append(dst, `{"control":"`+Control+`","quota":`...)
-	dst = jsonstr.Append(dst, r.Quota())
-	dst = append(dst, `,"limit":`...)
-	dst = strconv.AppendInt(dst, r.Limit, 10)
-	dst = append(dst, `,"current":`...)
-	dst = strconv.AppendInt(dst, r.Count+1, 10)
-	dst = append(dst, `,"retryAfterSeconds":`...)
-	dst = strconv.AppendInt(dst, int64(r.RetryAfter(now)), 10)
-	return append(dst, '}')
+	return ref
+}
+
+// AppendBody appends the JSON body of r's Refusal to dst.
+func (r Result) AppendBody(dst []byte, now time.Time) []byte {
+	ref := r.Refusal(now)
+	return ref.AppendBody(dst)
 }

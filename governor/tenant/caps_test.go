@@ -9,6 +9,7 @@ import (
 
 	"github.com/warden-dev/warden/governor/backend/redisx"
 	"github.com/warden-dev/warden/governor/clock"
+	"github.com/warden-dev/warden/governor/control"
 	"github.com/warden-dev/warden/governor/window"
 	"github.com/warden-dev/warden/policy"
 )
@@ -210,14 +211,14 @@ func TestBackendDownReportsUpstream(t *testing.T) {
 	defer down.Close()
 	c := New("ingress", &policy.TenantCap{Header: "x-tenant-id", Rate: 500, Window: 60}, nil, down, nil)
 	r := c.Check([]byte("acme"), clk.Now())
-	if r.Allowed || r.Control() != ControlUpstream || r.RetryAfter(clk.Now()) != 1 {
+	if r.Allowed || r.Control() != control.Upstream || r.RetryAfter(clk.Now()) != 1 {
 		t.Fatalf("result %+v control %q retry %d", r, r.Control(), r.RetryAfter(clk.Now()))
 	}
 	want := `{"control":"upstream","quota":"tenant:acme","limit":500,"retryAfterSeconds":1}`
 	if got := string(r.AppendBody(nil, clk.Now())); got != want {
 		t.Fatalf("body %s, want %s", got, want)
 	}
-	if ok := New("ingress", &policy.TenantCap{Header: "x-tenant-id", Rate: 500, Window: 60}, nil, window.NewMemory(clk), nil).Check([]byte("acme"), clk.Now()); ok.Control() != Control {
+	if ok := New("ingress", &policy.TenantCap{Header: "x-tenant-id", Rate: 500, Window: 60}, nil, window.NewMemory(clk), nil).Check([]byte("acme"), clk.Now()); ok.Control() != control.TenantRate {
 		t.Fatalf("memory control %q", ok.Control())
 	}
 }

@@ -10,6 +10,7 @@ import (
 
 	"github.com/warden-dev/warden/governor/backend/redisx"
 	"github.com/warden-dev/warden/governor/clock"
+	"github.com/warden-dev/warden/governor/control"
 	"github.com/warden-dev/warden/governor/metrics"
 	"github.com/warden-dev/warden/governor/window"
 	"github.com/warden-dev/warden/internal/testkit/redistest"
@@ -94,7 +95,7 @@ func TestTenantFloodOverflows(t *testing.T) {
 			if body.Control != "tenant_rate" || body.Quota != "tenant_overflow" || body.Limit != 3 || body.Current != 4 || body.RetryAfterSeconds != 50 {
 				t.Fatalf("overflow 429 body %+v", body)
 			}
-			if last.Control() != Control || last.Remaining() != 0 {
+			if last.Control() != control.TenantRate || last.Remaining() != 0 {
 				t.Fatalf("overflow refusal: control %q remaining %d", last.Control(), last.Remaining())
 			}
 			// The first ten keep their own windows: t0 has two left.

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/warden-dev/warden/governor/breaker"
+	"github.com/warden-dev/warden/governor/control"
 	"github.com/warden-dev/warden/governor/pool"
 	"github.com/warden-dev/warden/governor/retry"
 	"github.com/warden-dev/warden/governor/tenant"
@@ -33,7 +34,7 @@ type Target struct {
 
 // Refusal is why a request was not admitted.
 type Refusal struct {
-	Control    string        // tenant_rate, circuit_breaker, pool_*
+	Control    control.Name  // tenant_rate, circuit_breaker, pool_*
 	Scope      string        // the listener, target or pool refused in
 	RetryAfter time.Duration // for Retry-After
 	Tenant     tenant.Result // set for tenant_rate
@@ -66,7 +67,7 @@ func Admit(ctx context.Context, a *Admission, t *Target, caps *tenant.Caps, tena
 	}
 	ticket, retryAfter, ok := t.Breaker.Allow()
 	if !ok {
-		return Refusal{Control: breaker.Control, Scope: t.Name, RetryAfter: retryAfter}, false
+		return Refusal{Control: control.CircuitBreaker, Scope: t.Name, RetryAfter: retryAfter}, false
 	}
 	a.Ticket = ticket
 	for _, p := range t.Pools {
@@ -82,7 +83,7 @@ func Admit(ctx context.Context, a *Admission, t *Target, caps *tenant.Caps, tena
 			if errors.As(err, &rej) {
 				return Refusal{Control: rej.Control, Scope: rej.Pool, RetryAfter: rej.RetryAfter, Pool: rej}, false
 			}
-			return Refusal{Control: pool.ControlQueue, Scope: p.ID(), Err: err}, false
+			return Refusal{Control: control.PoolQueue, Scope: p.ID(), Err: err}, false
 		}
 		if a.n < MaxPools {
 			a.leases[a.n] = l
@@ -107,7 +108,7 @@ func Ask(t *Target, caps *tenant.Caps, tenantKey []byte, listener string, now ti
 		return ref, false
 	}
 	if retryAfter, refused := t.Breaker.Refuses(); refused {
-		return Refusal{Control: breaker.Control, Scope: t.Name, RetryAfter: retryAfter}, false
+		return Refusal{Control: control.CircuitBreaker, Scope: t.Name, RetryAfter: retryAfter}, false
 	}
 	for _, p := range t.Pools {
 		if rej, refused := p.Refuses(now); refused {

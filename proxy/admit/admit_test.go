@@ -7,6 +7,7 @@ import (
 
 	"github.com/warden-dev/warden/governor/breaker"
 	"github.com/warden-dev/warden/governor/clock"
+	"github.com/warden-dev/warden/governor/control"
 	"github.com/warden-dev/warden/governor/pool"
 	"github.com/warden-dev/warden/governor/tenant"
 	"github.com/warden-dev/warden/governor/window"
@@ -33,7 +34,7 @@ func TestOrderAndGiveBack(t *testing.T) {
 	// "full" has no room: the rate slot "rated" granted is given back.
 	var second Admission
 	ref, ok := Admit(context.Background(), &second, tg, caps, []byte("acme"), "egress", t0)
-	if ok || ref.Control != pool.ControlQueue || ref.Scope != "full" || ref.Pool == nil {
+	if ok || ref.Control != control.PoolQueue || ref.Scope != "full" || ref.Pool == nil {
 		t.Fatalf("second request: %+v ok=%v", ref, ok)
 	}
 	if s := pools.Get("rated").Snapshot(t0); s.Count != 1 {
@@ -54,7 +55,7 @@ func TestOrderAndGiveBack(t *testing.T) {
 	small := tenant.New("egress", &policy.TenantCap{Header: "x-tenant-id", Rate: 1, Window: 60}, nil, counter, nil)
 	small.Check([]byte("acme"), t0)
 	ref, ok = Admit(context.Background(), &third, tg, small, []byte("acme"), "egress", t0)
-	if ok || ref.Control != tenant.Control || ref.Scope != "egress" || ref.Tenant.Quota() != "tenant:acme" {
+	if ok || ref.Control != control.TenantRate || ref.Scope != "egress" || ref.Tenant.Quota() != "tenant:acme" {
 		t.Fatalf("tenant cap: %+v ok=%v", ref, ok)
 	}
 }
@@ -142,7 +143,7 @@ func TestAsk(t *testing.T) {
 	if s := pools.Get("full").Snapshot(t0); s.InFlight != 0 {
 		t.Fatalf("Ask took a pool slot: %+v", s)
 	}
-	if ref, ok := Ask(tg, caps, []byte("acme"), "egress", t0); ok || ref.Control != tenant.Control || ref.Scope != "egress" {
+	if ref, ok := Ask(tg, caps, []byte("acme"), "egress", t0); ok || ref.Control != control.TenantRate || ref.Scope != "egress" {
 		t.Fatalf("second ask, over the cap of 1: %+v ok=%v (the first was not counted?)", ref, ok)
 	}
 	tk, _, _ := b.Allow()
@@ -161,7 +162,7 @@ func TestAsk(t *testing.T) {
 	a.Ticket.Done(breaker.Success)
 	// The breaker closed, the pool's one slot still held and no queue: the
 	// pool would refuse at once, and Ask says so before any body comes.
-	if ref, ok := Ask(tg, nil, nil, "egress", clk.Now()); ok || ref.Control != pool.ControlQueue || ref.Scope != "full" || ref.Pool == nil {
+	if ref, ok := Ask(tg, nil, nil, "egress", clk.Now()); ok || ref.Control != control.PoolQueue || ref.Scope != "full" || ref.Pool == nil {
 		t.Fatalf("full pool: %+v ok=%v, want pool_queue", ref, ok)
 	}
 	a.Release()

@@ -6,7 +6,7 @@ import (
 
 	"github.com/warden-dev/warden/governor/breaker"
 	"github.com/warden-dev/warden/governor/clock"
-	"github.com/warden-dev/warden/governor/retry"
+	"github.com/warden-dev/warden/governor/control"
 )
 
 // Retry is the step before retry number attempt (1-based) of a request to
@@ -19,16 +19,16 @@ import (
 // warden_retries_total. refused names the control that stopped the
 // retries when the client must be told (retry_budget); a breaker that
 // opened meanwhile ends them too, and the failure stands for itself.
-func Retry(ctx context.Context, t *Target, clk clock.Clock, attempt int, reason string, d time.Duration) (ticket breaker.Ticket, again bool, refused string) {
+func Retry(ctx context.Context, t *Target, clk clock.Clock, attempt int, reason string, d time.Duration) (ticket breaker.Ticket, again bool, refused control.Name) {
 	// Checked before ShouldRetry, which charges the budget with a retry
 	// that must then be made.
 	if dl, ok := ctx.Deadline(); ok && time.Until(dl) <= d {
 		return breaker.Ticket{}, false, ""
 	}
-	ok, control := t.Retry.ShouldRetry(attempt, reason)
+	ok, by := t.Retry.ShouldRetry(attempt, reason)
 	if !ok {
-		if control == retry.ControlBudget {
-			return breaker.Ticket{}, false, control
+		if by == control.RetryBudget {
+			return breaker.Ticket{}, false, by
 		}
 		return breaker.Ticket{}, false, ""
 	}

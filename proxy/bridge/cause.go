@@ -6,6 +6,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgproto3"
 
+	"github.com/warden-dev/warden/governor/control"
 	"github.com/warden-dev/warden/proxy/bridge/dbpool"
 )
 
@@ -21,9 +22,6 @@ const (
 
 // Reasons lists every reap reason in a stable order.
 var Reasons = []string{ReasonClientGone, ReasonIdle, ReasonIdleInTransaction, ReasonMaxLifetime, ReasonRunEnded}
-
-// ControlBridgeConnections is the SPEC §4 control name of the bridge cap.
-const ControlBridgeConnections = "bridge_connections"
 
 // cause is why a session ended. The first one set wins.
 type cause int32
@@ -121,5 +119,5 @@ func fatal(code, msg, detail string) []byte {
 // waitRefusal is the 53300 a client gets after waiting wait_timeout.
 func waitRefusal(name string, max int, waited time.Duration) []byte {
 	return fatal("53300", fmt.Sprintf("bridge %s: no connection free after waiting %s (max_connections %d)",
-		name, waited.Round(time.Millisecond), max), "control: "+ControlBridgeConnections)
+		name, waited.Round(time.Millisecond), max), "control: "+string(control.BridgeConnections))
 }

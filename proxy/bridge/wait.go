@@ -9,6 +9,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/warden-dev/warden/governor/control"
 	"github.com/warden-dev/warden/proxy/bridge/dbpool"
 )
 
@@ -105,7 +106,7 @@ func (b *bridge) refuseAcquire(c *net.TCPConn, g *generation, runID string, err 
 	var de *dbpool.DialError
 	switch {
 	case errors.As(err, &wt):
-		b.set.opts.Metrics.Rejections.WithLabelValues(ControlBridgeConnections, b.name).Inc()
+		b.set.opts.Metrics.Rejections.WithLabelValues(string(control.BridgeConnections), b.name).Inc()
 		b.log.Info("client refused: no connection free", "waited", wt.Waited, "max_connections", wt.Max)
 		if pg {
 			b.refuse(c, waitRefusal(b.name, wt.Max, wt.Waited))

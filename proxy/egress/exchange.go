@@ -9,6 +9,7 @@ import (
 
 	"github.com/warden-dev/warden/connpool"
 	"github.com/warden-dev/warden/governor/breaker"
+	"github.com/warden-dev/warden/governor/control"
 	"github.com/warden-dev/warden/governor/retry"
 	"github.com/warden-dev/warden/internal/rawio"
 	"github.com/warden-dev/warden/proxy/admit"
@@ -69,10 +70,10 @@ func (x *exchange) Finish(err error) {
 		switch connpool.KindOf(err) {
 		case connpool.KindTimeout:
 			outcome = breaker.Failure
-			x.r.Stats.Reject(respond.ControlTimeout, x.r.Name)
+			x.r.Stats.Reject(control.Timeout, x.r.Name)
 		case connpool.KindUpstream:
 			outcome = breaker.Failure
-			x.r.Stats.Reject(respond.ControlUpstream, x.r.Name)
+			x.r.Stats.Reject(control.Upstream, x.r.Name)
 		}
 	}
 	x.streaming.Done(outcome)
@@ -152,17 +153,17 @@ func (e *Egress) exchange(ctx *fasthttp.RequestCtx, x *exchange, pool *connpool.
 			}
 			outcome := blame(ctx, breaker.Failure)
 			ticket.Done(outcome)
-			_, control := respond.UpstreamStatus(err)
-			if retryable && control != respond.ControlTimeout && outcome == breaker.Failure {
-				var refused string
+			_, ctl := respond.UpstreamStatus(err)
+			if retryable && ctl != control.Timeout && outcome == breaker.Failure {
+				var refused control.Name
 				ticket, again, refused = e.retry(ctx, x, attempt, err.Error(), 0)
 				if refused != "" {
-					control = refused
+					ctl = refused
 				}
 			}
 			if !again {
-				x.code = respond.UpstreamAs(ctx, r.Name, err, control)
-				r.Stats.Reject(control, r.Name)
+				x.code = respond.UpstreamAs(ctx, r.Name, err, ctl)
+				r.Stats.Reject(ctl, r.Name)
 				x.done()
 				return
 			}
@@ -179,7 +180,7 @@ func (e *Egress) exchange(ctx *fasthttp.RequestCtx, x *exchange, pool *connpool.
 				ticket.Done(outcome)
 			}
 			x.code = status
-			var refused string
+			var refused control.Name
 			if outcome == breaker.Failure && retryable && !streamed {
 				ticket, again, refused = e.retry(ctx, x, attempt, failureReason(&ctx.Response), e.retryAfter(&ctx.Response))
 			}
@@ -204,7 +205,7 @@ func (e *Egress) exchange(ctx *fasthttp.RequestCtx, x *exchange, pool *connpool.
 				// are used after this.
 				if err := forward.FrameForHTTP10(ctx, &x.code); err != nil {
 					respond.Upstream(ctx, r.Name, err)
-					r.Stats.Reject(respond.ControlUpstream, r.Name)
+					r.Stats.Reject(control.Upstream, r.Name)
 				}
 				return
 			}
@@ -226,7 +227,7 @@ func (x *exchange) refuseBody(ctx *fasthttp.RequestCtx, err error) {
 	var timedOut bool
 	x.code, timedOut = forward.RefuseBody(ctx, x.r.Name, "the target's timeout", err)
 	if timedOut {
-		x.r.Stats.Reject(respond.ControlTimeout, x.r.Name)
+		x.r.Stats.Reject(control.Timeout, x.r.Name)
 	}
 	x.done()
 }
@@ -274,7 +275,7 @@ func sendsIdempotencyKey(h *fasthttp.RequestHeader, f httpwire.Fields) bool {
 // (admit.Retry), and readies the response for the retry's answer. Until
 // it returns true the response holds the failure, which is what the
 // client gets when there is no retry.
-func (e *Egress) retry(ctx *fasthttp.RequestCtx, x *exchange, attempt int, reason string, asked time.Duration) (ticket breaker.Ticket, again bool, refused string) {
+func (e *Egress) retry(ctx *fasthttp.RequestCtx, x *exchange, attempt int, reason string, asked time.Duration) (ticket breaker.Ticket, again bool, refused control.Name) {
 	// x.wait ends when the client hangs up or the timeout passes.
 	ticket, again, refused = admit.Retry(&x.wait, &x.r.Target, e.opts.Clock, attempt, reason, x.r.Retry.DelayAsked(attempt, asked))
 	if again {

@@ -9,6 +9,7 @@ import (
 	"github.com/valyala/fasthttp"
 
 	"github.com/warden-dev/warden/connpool"
+	"github.com/warden-dev/warden/governor/control"
 	"github.com/warden-dev/warden/internal/hostport"
 	"github.com/warden-dev/warden/proxy/admit"
 	"github.com/warden-dev/warden/proxy/httpwire"
@@ -235,7 +236,7 @@ func (e *Egress) route(ctx *fasthttp.RequestCtx, tb *table, hostport []byte, hos
 	r := tb.lookup(hostport, hostLen)
 	if r == nil {
 		respond.Unlisted(ctx, hostport[:hostLen])
-		e.stats.Reject(respond.ControlUnlisted, "egress")
+		e.stats.Reject(control.AllowUnlisted, "egress")
 		e.stats.Target(unlistedName).Done(fasthttp.StatusForbidden, start)
 	}
 	return r
@@ -258,7 +259,7 @@ func (e *Egress) refuseAt(ctx *fasthttp.RequestCtx, status int, msg string, star
 func (e *Egress) refuseAdmission(ctx *fasthttp.RequestCtx, r *route, ref admit.Refusal, now time.Time) int {
 	if errors.Is(ref.Err, context.DeadlineExceeded) {
 		// The target's timeout passed while the request waited in a pool.
-		r.Stats.Reject(respond.ControlTimeout, r.Name)
+		r.Stats.Reject(control.Timeout, r.Name)
 		return respond.Upstream(ctx, r.Name, &connpool.Error{Kind: connpool.KindTimeout, Op: "wait in", Addr: "pool " + ref.Scope, Err: ref.Err})
 	}
 	r.Stats.Reject(ref.Control, ref.Scope)
@@ -266,7 +267,7 @@ func (e *Egress) refuseAdmission(ctx *fasthttp.RequestCtx, r *route, ref admit.R
 	case ref.ByTenantCap():
 		respond.Tenant(ctx, ref.Tenant, now)
 		return fasthttp.StatusTooManyRequests
-	case ref.Control == respond.ControlBreaker:
+	case ref.Control == control.CircuitBreaker:
 		respond.Breaker(ctx, r.Name, ref.RetryAfter)
 		return fasthttp.StatusServiceUnavailable
 	case ref.Pool != nil:

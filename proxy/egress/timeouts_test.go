@@ -9,8 +9,8 @@ import (
 
 	"github.com/valyala/fasthttp"
 
+	"github.com/warden-dev/warden/governor/control"
 	"github.com/warden-dev/warden/internal/testkit/fasttest"
-	"github.com/warden-dev/warden/proxy/respond"
 )
 
 func drain(ctx *fasthttp.RequestCtx) {
@@ -76,8 +76,8 @@ func TestTrickledUploadCutAtTargetTimeout(t *testing.T) {
 	}
 	resp.Body.Close()
 	waited := time.Since(begin)
-	if resp.StatusCode != fasthttp.StatusGatewayTimeout || resp.Header.Get(respond.HeaderControl) != respond.ControlTimeout {
-		t.Fatalf("trickled upload: %d %q, want 504 timeout", resp.StatusCode, resp.Header.Get(respond.HeaderControl))
+	if resp.StatusCode != fasthttp.StatusGatewayTimeout || resp.Header.Get(control.Header) != string(control.Timeout) {
+		t.Fatalf("trickled upload: %d %q, want 504 timeout", resp.StatusCode, resp.Header.Get(control.Header))
 	}
 	if waited < timeout*9/10 || waited > 4*time.Second {
 		t.Fatalf("cut after %v, want about the target's timeout (%v)", waited, timeout)

@@ -91,8 +91,8 @@ func (e *Egress) connect(ctx *fasthttp.RequestCtx, tb *table, scan httpwire.Scan
 		}
 		err = &connpool.Error{Kind: kind, Op: "CONNECT", Addr: addr, Err: err}
 		code := respond.Upstream(ctx, r.Name, err)
-		_, control := respond.UpstreamStatus(err)
-		r.Stats.Reject(control, r.Name)
+		_, ctl := respond.UpstreamStatus(err)
+		r.Stats.Reject(ctl, r.Name)
 		r.Stats.Done(code, t.start)
 		return
 	}

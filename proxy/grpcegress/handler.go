@@ -13,8 +13,8 @@ import (
 	"time"
 
 	"github.com/warden-dev/warden/governor/breaker"
+	"github.com/warden-dev/warden/governor/control"
 	"github.com/warden-dev/warden/proxy/admit"
-	"github.com/warden-dev/warden/proxy/respond"
 )
 
 // gRPC status codes warden itself answers with.
@@ -53,8 +53,8 @@ func (g *Grpc) serve(w http.ResponseWriter, r *http.Request) {
 	}
 	rt := tb.lookup(serviceOf(r.URL.Path), r.Host)
 	if rt == nil {
-		g.stats.Reject(respond.ControlUnlisted, "grpc")
-		trailersOnly(w, codePermissionDenied, "no target serves "+r.URL.Path+" at "+r.Host+" and egress.allow_unlisted is false", respond.ControlUnlisted)
+		g.stats.Reject(control.AllowUnlisted, "grpc")
+		trailersOnly(w, codePermissionDenied, "no target serves "+r.URL.Path+" at "+r.Host+" and egress.allow_unlisted is false", control.AllowUnlisted)
 		g.stats.Target(unlistedName).DoneGRPC(codePermissionDenied, start)
 		return
 	}
@@ -87,19 +87,19 @@ func (g *Grpc) serve(w http.ResponseWriter, r *http.Request) {
 		if errors.Is(ref.Err, context.DeadlineExceeded) {
 			// Warden's own queue: the breaker was told nothing (Admit gave
 			// its ticket back as neutral).
-			rt.Stats.Reject(respond.ControlTimeout, rt.Name)
-			trailersOnly(w, codeDeadlineExceeded, "timeout of "+rt.Name+" passed while waiting in pool "+ref.Scope, respond.ControlTimeout)
+			rt.Stats.Reject(control.Timeout, rt.Name)
+			trailersOnly(w, codeDeadlineExceeded, "timeout of "+rt.Name+" passed while waiting in pool "+ref.Scope, control.Timeout)
 			rt.Stats.DoneGRPC(codeDeadlineExceeded, start)
 			return
 		}
 		rt.Stats.Reject(ref.Control, ref.Scope)
 		code := codeResourceExhausted
-		msg := "refused by " + ref.Control
+		msg := "refused by " + string(ref.Control)
 		switch {
-		case ref.Control == respond.ControlBreaker:
+		case ref.Control == control.CircuitBreaker:
 			code = codeUnavailable
-			msg = "circuit breaker of " + rt.Name + " is open; retry after " + strconv.Itoa(breaker.RetryAfterSeconds(ref.RetryAfter)) + "s"
-		case ref.Control == respond.ControlUpstream:
+			msg = "circuit breaker of " + rt.Name + " is open; retry after " + strconv.FormatInt(control.RetryAfterSeconds(ref.RetryAfter), 10) + "s"
+		case ref.Control == control.Upstream:
 			// A fail_closed shared backend that cannot be reached: the
 			// limit was never consulted, so naming it as reached would
 			// send the operator to the wrong place. RESOURCE_EXHAUSTED,
@@ -164,7 +164,7 @@ func (g *Grpc) exchange(ctx context.Context, w http.ResponseWriter, r *http.Requ
 			if reason := c.failureBeforeAnswer(ctx, resp, err); reason != "" {
 				ticket.Done(breaker.Failure)
 				var again bool
-				var refused string
+				var refused control.Name
 				ticket, next, again, refused = g.retry(ctx, c, attempt, reason, pushback(resp))
 				if again {
 					if err == nil {
@@ -284,7 +284,7 @@ func pushback(resp *http.Response) time.Duration {
 // (1-based), after the policy's delay or the upstream's pushback (when not
 // noPushback), up to max_delay (admit.Retry), and returns the retry's
 // ticket and body.
-func (g *Grpc) retry(ctx context.Context, c *call, attempt int, reason string, push time.Duration) (ticket breaker.Ticket, next io.ReadCloser, again bool, refused string) {
+func (g *Grpc) retry(ctx context.Context, c *call, attempt int, reason string, push time.Duration) (ticket breaker.Ticket, next io.ReadCloser, again bool, refused control.Name) {
 	rt := c.rt
 	if push == stopPushback {
 		return breaker.Ticket{}, nil, false, "" // the upstream asked not to
@@ -315,7 +315,7 @@ func (g *Grpc) retry(ctx context.Context, c *call, attempt int, reason string, p
 // relay passes an attempt's answer (or its failure, err) on to the client
 // and returns the call's grpc-status and the breaker outcome. mark names a
 // control that ended the retries (retry_budget) for the client to see.
-func (g *Grpc) relay(ctx context.Context, w http.ResponseWriter, r *http.Request, rt *route, resp *http.Response, err error, start time.Time, mark string) (int, breaker.Outcome) {
+func (g *Grpc) relay(ctx context.Context, w http.ResponseWriter, r *http.Request, rt *route, resp *http.Response, err error, start time.Time, mark control.Name) (int, breaker.Outcome) {
 	if err != nil {
 		return g.failed(w, r, ctx, rt, err, false, start, mark)
 	}
@@ -327,7 +327,7 @@ func (g *Grpc) relay(ctx context.Context, w http.ResponseWriter, r *http.Request
 	if mark != "" {
 		// Only a failure before any answer is marked: a Trailers-Only
 		// response, whose headers are its trailers.
-		h.Set(respond.HeaderControl, mark)
+		h.Set(control.Header, string(mark))
 		rt.Stats.Reject(mark, rt.Name)
 	}
 	w.WriteHeader(resp.StatusCode)
@@ -357,7 +357,7 @@ func (g *Grpc) relay(ctx context.Context, w http.ResponseWriter, r *http.Request
 // a Trailers-Only response; after, with trailers. A call the client
 // cancelled is neutral for the breaker.
 // A control in mark (retry_budget) is named in place of upstream.
-func (g *Grpc) failed(w http.ResponseWriter, r *http.Request, ctx context.Context, rt *route, err error, started bool, start time.Time, mark string) (int, breaker.Outcome) {
+func (g *Grpc) failed(w http.ResponseWriter, r *http.Request, ctx context.Context, rt *route, err error, started bool, start time.Time, mark control.Name) (int, breaker.Outcome) {
 	if r.Context().Err() != nil {
 		return codeCancelled, breaker.Neutral
 	}
@@ -375,42 +375,42 @@ func (g *Grpc) failed(w http.ResponseWriter, r *http.Request, ctx context.Contex
 		endCall(w, started, codeDeadlineExceeded, "the call's deadline (grpc-timeout "+r.Header.Get("Grpc-Timeout")+") passed", "")
 		return codeDeadlineExceeded, breaker.Neutral
 	}
-	code, control := codeUnavailable, respond.ControlUpstream
+	code, ctl := codeUnavailable, control.Upstream
 	if errors.Is(ctx.Err(), context.DeadlineExceeded) {
-		code, control = codeDeadlineExceeded, respond.ControlTimeout
+		code, ctl = codeDeadlineExceeded, control.Timeout
 	}
 	if mark != "" {
-		control = mark
+		ctl = mark
 	}
-	rt.Stats.Reject(control, rt.Name)
-	endCall(w, started, code, "upstream "+rt.Name+": "+err.Error(), control)
+	rt.Stats.Reject(ctl, rt.Name)
+	endCall(w, started, code, "upstream "+rt.Name+": "+err.Error(), ctl)
 	return code, breaker.Failure
 }
 
 // endCall gives a call its status: as a Trailers-Only response when
 // nothing was sent yet, else in the trailers.
-func endCall(w http.ResponseWriter, started bool, code int, msg, control string) {
+func endCall(w http.ResponseWriter, started bool, code int, msg string, ctl control.Name) {
 	if !started {
-		trailersOnly(w, code, msg, control)
+		trailersOnly(w, code, msg, ctl)
 		return
 	}
 	h := w.Header()
 	h.Set(http.TrailerPrefix+"Grpc-Status", strconv.Itoa(code))
 	h.Set(http.TrailerPrefix+"Grpc-Message", encodeMessage(msg))
-	if control != "" {
-		h.Set(http.TrailerPrefix+respond.HeaderControl, control)
+	if ctl != "" {
+		h.Set(http.TrailerPrefix+control.Header, string(ctl))
 	}
 }
 
 // trailersOnly answers a call without contacting the upstream: one HEADERS
 // frame ending the stream, carrying the status (gRPC's Trailers-Only).
-func trailersOnly(w http.ResponseWriter, code int, msg, control string) {
+func trailersOnly(w http.ResponseWriter, code int, msg string, ctl control.Name) {
 	h := w.Header()
 	h.Set("Content-Type", "application/grpc")
 	h.Set("Grpc-Status", strconv.Itoa(code))
 	h.Set("Grpc-Message", encodeMessage(msg))
-	if control != "" {
-		h.Set(respond.HeaderControl, control)
+	if ctl != "" {
+		h.Set(control.Header, string(ctl))
 	}
 	w.WriteHeader(http.StatusOK)
 }

@@ -10,6 +10,7 @@ import (
 	"github.com/valyala/fasthttp"
 
 	"github.com/warden-dev/warden/connpool"
+	"github.com/warden-dev/warden/governor/control"
 	"github.com/warden-dev/warden/proxy/clientwait"
 	"github.com/warden-dev/warden/proxy/forward"
 	"github.com/warden-dev/warden/proxy/httpwire"
@@ -282,8 +283,8 @@ func (g *Ingress) forward(ctx *fasthttp.RequestCtx, rt *policyState, f httpwire.
 			return
 		}
 		x.code = respond.Upstream(ctx, "worker", err)
-		_, control := respond.UpstreamStatus(err)
-		g.stats.Reject(control, "worker")
+		_, ctl := respond.UpstreamStatus(err)
+		g.stats.Reject(ctl, "worker")
 		g.opts.Log.Debug("ingress: worker exchange failed", "err", err)
 		x.done()
 		return
@@ -304,7 +305,7 @@ func (g *Ingress) forward(ctx *fasthttp.RequestCtx, rt *policyState, f httpwire.
 	// x is done once the stream is closed: only ctx is used after this.
 	if err := forward.FrameForHTTP10(ctx, &x.code); err != nil {
 		respond.Upstream(ctx, "worker", err)
-		g.stats.Reject(respond.ControlUpstream, "worker")
+		g.stats.Reject(control.Upstream, "worker")
 	}
 }
 
@@ -315,7 +316,7 @@ func (g *Ingress) refuseBody(ctx *fasthttp.RequestCtx, x *exchange, err error) {
 	var timedOut bool
 	x.code, timedOut = forward.RefuseBody(ctx, "worker", "ingress.timeout", err)
 	if timedOut {
-		g.stats.Reject(respond.ControlTimeout, "worker")
+		g.stats.Reject(control.Timeout, "worker")
 	}
 	x.done()
 }

@@ -1,7 +1,8 @@
 // Package respond writes the responses warden itself produces on the HTTP
 // listeners: every refusal names its control (SPEC §4) in the
 // x-warden-control header and in the JSON body's "control" field, with
-// Retry-After in whole seconds where waiting helps.
+// Retry-After in whole seconds where waiting helps. What a refusal says is
+// governor/control's; how it goes on the wire over fasthttp is here.
 package respond
 
 import (
@@ -11,39 +12,24 @@ import (
 	"github.com/valyala/fasthttp"
 
 	"github.com/warden-dev/warden/connpool"
-	"github.com/warden-dev/warden/governor/breaker"
+	"github.com/warden-dev/warden/governor/control"
 	"github.com/warden-dev/warden/governor/pool"
 	"github.com/warden-dev/warden/governor/tenant"
 	"github.com/warden-dev/warden/internal/jsonstr"
 	"github.com/warden-dev/warden/proxy/httpwire"
 )
 
-// HeaderControl names the control that refused or shaped a response.
-const HeaderControl = "x-warden-control"
-
-// MarkControl names control on a response that passes through (an
-// upstream failure returned as is when the retry budget is spent), spelt
-// as the responses written here spell it.
-func MarkControl(h *fasthttp.ResponseHeader, control string) {
+// MarkControl names c on a response that passes through (an upstream
+// failure returned as is when the retry budget is spent), spelt as the
+// responses written here spell it.
+func MarkControl(h *fasthttp.ResponseHeader, c control.Name) {
 	h.DisableNormalizing()
-	h.Set(HeaderControl, control)
+	h.Set(control.Header, string(c))
 	h.EnableNormalizing()
 }
 
-// Control names used here beyond the governor's own (SPEC §4).
-const (
-	// ControlBreaker is the breaker's own, named here beside the others
-	// the responses carry.
-	ControlBreaker  = breaker.Control
-	ControlUpstream = "upstream"
-	ControlTimeout  = "timeout"
-	// ControlUnlisted refuses hosts no target matches when
-	// egress.allow_unlisted is false; it is named after that key.
-	ControlUnlisted = "allow_unlisted"
-)
-
 // begin resets whatever an upstream attempt left in the response.
-func begin(ctx *fasthttp.RequestCtx, status int, control string) {
+func begin(ctx *fasthttp.RequestCtx, status int, c control.Name) {
 	ctx.Response.Reset()
 	// Header names go out as SPEC §4 spells them (x-warden-control,
 	// RateLimit-Limit), not as fasthttp would recase them
@@ -53,8 +39,8 @@ func begin(ctx *fasthttp.RequestCtx, status int, control string) {
 	ctx.Response.Header.DisableNormalizing()
 	ctx.Response.SetStatusCode(status)
 	ctx.Response.Header.SetContentType("application/json")
-	if control != "" {
-		ctx.Response.Header.Set(HeaderControl, control)
+	if c != "" {
+		ctx.Response.Header.Set(control.Header, string(c))
 	}
 }
 
@@ -63,37 +49,38 @@ func setInt(h *fasthttp.ResponseHeader, key string, v int64) {
 	h.SetBytesV(key, strconv.AppendInt(b[:0], v, 10))
 }
 
-// Tenant writes SPEC §4's tenant 429: Retry-After, RateLimit-Limit,
-// RateLimit-Remaining, RateLimit-Reset, x-warden-control: tenant_rate and
-// {"control":"tenant_rate","quota":...,"limit":...,"current":...,"retryAfterSeconds":...}.
-// When a fail_closed shared backend is down the control is upstream, and
-// the RateLimit fields are left out: nothing was counted, so they would
-// report a quota that was never looked at.
-func Tenant(ctx *fasthttp.RequestCtx, r tenant.Result, now time.Time) {
-	begin(ctx, fasthttp.StatusTooManyRequests, r.Control())
+// Refuse writes the refusal r with status: x-warden-control, then
+// Retry-After when waiting helps, then the RateLimit fields when a window
+// was counted, and r's JSON body (control.Refusal.AppendBody).
+func Refuse(ctx *fasthttp.RequestCtx, status int, r *control.Refusal) {
+	begin(ctx, status, r.Control)
 	h := &ctx.Response.Header
-	secs := int64(r.RetryAfter(now))
-	setInt(h, fasthttp.HeaderRetryAfter, secs)
-	if !r.Unavailable {
-		setInt(h, "RateLimit-Limit", r.Limit)
-		setInt(h, "RateLimit-Remaining", r.Remaining())
-		setInt(h, "RateLimit-Reset", secs)
+	if r.RetryAfter > 0 {
+		setInt(h, control.HeaderRetryAfter, r.RetryAfter)
+	}
+	if r.Counted {
+		setInt(h, control.HeaderLimit, r.Limit)
+		setInt(h, control.HeaderRemaining, r.Remaining)
+		setInt(h, control.HeaderReset, r.RetryAfter)
 	}
 	var buf [160]byte
-	ctx.Response.SetBody(r.AppendBody(buf[:0], now)) // copied: buf may stay on the stack
+	ctx.Response.SetBody(r.AppendBody(buf[:0])) // copied: buf may stay on the stack
+}
+
+// Tenant writes SPEC §4's tenant 429 (tenant.Result.Refusal). When a
+// fail_closed shared backend is down the control is upstream, and the
+// RateLimit fields are left out: nothing was counted, so they would
+// report a quota that was never looked at.
+func Tenant(ctx *fasthttp.RequestCtx, r tenant.Result, now time.Time) {
+	ref := r.Refusal(now)
+	Refuse(ctx, fasthttp.StatusTooManyRequests, &ref)
 }
 
 // Breaker writes the open-breaker 503:
 // {"control":"circuit_breaker","target":"stripe","retryAfterSeconds":N}.
 func Breaker(ctx *fasthttp.RequestCtx, target string, retryAfter time.Duration) {
-	secs := int64(breaker.RetryAfterSeconds(retryAfter))
-	begin(ctx, fasthttp.StatusServiceUnavailable, ControlBreaker)
-	setInt(&ctx.Response.Header, fasthttp.HeaderRetryAfter, secs)
-	body := append(make([]byte, 0, 96), `{"control":"circuit_breaker","target":`...)
-	body = jsonstr.Append(body, target)
-	body = append(body, `,"retryAfterSeconds":`...)
-	body = strconv.AppendInt(body, secs, 10)
-	ctx.Response.SetBodyRaw(append(body, '}'))
+	Refuse(ctx, fasthttp.StatusServiceUnavailable, &control.Refusal{
+		Control: control.CircuitBreaker, Target: target, RetryAfter: control.RetryAfterSeconds(retryAfter)})
 }
 
 // Pool writes a pool's 429:
@@ -101,62 +88,44 @@ func Breaker(ctx *fasthttp.RequestCtx, target string, retryAfter time.Duration) 
 // Retry-After is the time to the rate window's end, or 1 s when the pool
 // was full on concurrency (a slot frees when any request ends).
 func Pool(ctx *fasthttp.RequestCtx, rej *pool.Rejection, target string) {
-	secs := int64(breaker.RetryAfterSeconds(rej.RetryAfter))
-	begin(ctx, fasthttp.StatusTooManyRequests, rej.Control)
-	setInt(&ctx.Response.Header, fasthttp.HeaderRetryAfter, secs)
-	body := append(make([]byte, 0, 128), `{"control":`...)
-	body = jsonstr.Append(body, rej.Control)
-	body = append(body, `,"pool":`...)
-	body = jsonstr.Append(body, rej.Pool)
-	body = append(body, `,"target":`...)
-	body = jsonstr.Append(body, target)
-	body = append(body, `,"retryAfterSeconds":`...)
-	body = strconv.AppendInt(body, secs, 10)
-	ctx.Response.SetBodyRaw(append(body, '}'))
+	Refuse(ctx, fasthttp.StatusTooManyRequests, &control.Refusal{
+		Control: rej.Control, Pool: rej.Pool, Target: target, RetryAfter: control.RetryAfterSeconds(rej.RetryAfter)})
 }
 
 // UpstreamStatus is the status and control an upstream failure is answered
 // with: 504 timeout for an exchange past its deadline, 502 upstream for
 // anything else the upstream did.
-func UpstreamStatus(err error) (int, string) {
+func UpstreamStatus(err error) (int, control.Name) {
 	if connpool.KindOf(err) == connpool.KindTimeout {
-		return fasthttp.StatusGatewayTimeout, ControlTimeout
+		return fasthttp.StatusGatewayTimeout, control.Timeout
 	}
-	return fasthttp.StatusBadGateway, ControlUpstream
+	return fasthttp.StatusBadGateway, control.Upstream
 }
 
 // Upstream writes the 502/504 for a failed exchange with target:
 // {"control":"upstream","target":"worker","error":"dial 127.0.0.1:9000: connection refused"}.
 // It returns the status written.
 func Upstream(ctx *fasthttp.RequestCtx, target string, err error) int {
-	_, control := UpstreamStatus(err)
-	return UpstreamAs(ctx, target, err, control)
+	_, c := UpstreamStatus(err)
+	return UpstreamAs(ctx, target, err, c)
 }
 
-// UpstreamAs is Upstream naming control as the cause: the failure is the
+// UpstreamAs is Upstream naming c as the cause: the failure is the
 // upstream's, but what ended the request was another control (a spent
 // retry budget).
-func UpstreamAs(ctx *fasthttp.RequestCtx, target string, err error, control string) int {
+func UpstreamAs(ctx *fasthttp.RequestCtx, target string, err error, c control.Name) int {
 	status, _ := UpstreamStatus(err)
-	begin(ctx, status, control)
-	body := append(make([]byte, 0, 160), `{"control":`...)
-	body = jsonstr.Append(body, control)
-	body = append(body, `,"target":`...)
-	body = jsonstr.Append(body, target)
-	body = append(body, `,"error":`...)
-	body = jsonstr.Append(body, err.Error())
-	ctx.Response.SetBodyRaw(append(body, '}'))
+	Refuse(ctx, status, &control.Refusal{Control: c, Target: target, Error: err.Error()})
 	return status
 }
+
+// unlistedError is the error of the 403 for an unlisted host.
+const unlistedError = "no target lists this host and egress.allow_unlisted is false"
 
 // Unlisted writes the 403 for a host no target matches when unlisted hosts
 // are refused.
 func Unlisted(ctx *fasthttp.RequestCtx, host []byte) {
-	begin(ctx, fasthttp.StatusForbidden, ControlUnlisted)
-	body := append(make([]byte, 0, 128), `{"control":"allow_unlisted","host":`...)
-	body = jsonstr.Append(body, string(host))
-	body = append(body, `,"error":"no target lists this host and egress.allow_unlisted is false"}`...)
-	ctx.Response.SetBodyRaw(body)
+	Refuse(ctx, fasthttp.StatusForbidden, &control.Refusal{Control: control.AllowUnlisted, Host: string(host), Error: unlistedError})
 }
 
 // Error writes status with {"error":msg}. For 400 and 413 it also closes

@@ -7,6 +7,7 @@ import (
 	"github.com/valyala/fasthttp"
 
 	"github.com/warden-dev/warden/governor/clock"
+	"github.com/warden-dev/warden/governor/control"
 	"github.com/warden-dev/warden/governor/tenant"
 	"github.com/warden-dev/warden/governor/window"
 	"github.com/warden-dev/warden/policy"
@@ -42,8 +43,8 @@ func TestTenant(t *testing.T) {
 			var ctx fasthttp.RequestCtx
 			Tenant(&ctx, tc.r, now)
 			h := &ctx.Response.Header
-			if ctx.Response.StatusCode() != 429 || string(h.Peek(HeaderControl)) != tc.control {
-				t.Fatalf("status %d, control %q; want 429, %q", ctx.Response.StatusCode(), h.Peek(HeaderControl), tc.control)
+			if ctx.Response.StatusCode() != 429 || string(h.Peek(control.Header)) != tc.control {
+				t.Fatalf("status %d, control %q; want 429, %q", ctx.Response.StatusCode(), h.Peek(control.Header), tc.control)
 			}
 			for k, want := range tc.headers {
 				if got := string(h.Peek(k)); got != want {

@@ -9,6 +9,7 @@ import (
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	rlspb "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 
+	"github.com/warden-dev/warden/governor/control"
 	"github.com/warden-dev/warden/governor/metrics"
 	"github.com/warden-dev/warden/governor/window"
 	"github.com/warden-dev/warden/policy"
@@ -68,8 +69,8 @@ func newDomainMetrics(m *metrics.Metrics, target string) *domainMetrics {
 		ok:       m.Requests.WithLabelValues(listenerLabel, target, rlspb.RateLimitResponse_OK.String()),
 		over:     m.Requests.WithLabelValues(listenerLabel, target, rlspb.RateLimitResponse_OVER_LIMIT.String()),
 		duration: m.RequestDuration.WithLabelValues(listenerLabel, target),
-		limited:  m.Rejections.WithLabelValues(ControlLimited, scope),
-		upstr:    m.Rejections.WithLabelValues(ControlUpstream, scope),
+		limited:  m.Rejections.WithLabelValues(string(control.TenantRate), scope),
+		upstr:    m.Rejections.WithLabelValues(string(control.Upstream), scope),
 		overflow: m.TenantOverflow.WithLabelValues(listenerLabel),
 	}
 }
@@ -113,7 +114,7 @@ func compile(p *policy.RLS, m *metrics.Metrics, maxKeys int) *config {
 				sn := scopeName(name, e.Key)
 				l = &limit{rate: int64(e.Rate), quota: sn + "="}
 				l.current = &rlspb.RateLimitResponse_RateLimit{Name: e.Key, RequestsPerUnit: uint32(e.Rate), Unit: unit(e.Window)}
-				l.limitHeader = &corev3.HeaderValue{Key: HeaderLimit, Value: strconv.Itoa(e.Rate)}
+				l.limitHeader = &corev3.HeaderValue{Key: control.HeaderLimit, Value: strconv.Itoa(e.Rate)}
 				if e.Value != "" {
 					// The policy names these values: counted apart
 					// from the clients' (no "=" ends a key-only

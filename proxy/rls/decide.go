@@ -13,26 +13,8 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/durationpb"
 
+	"github.com/warden-dev/warden/governor/control"
 	"github.com/warden-dev/warden/governor/window"
-	"github.com/warden-dev/warden/internal/jsonstr"
-)
-
-// Control names RLS refusals carry (SPEC §4). A domain's windows are
-// fixed-window caps per descriptor value — per caller, like tenant caps — so
-// their refusals are tenant_rate; a fail_closed backend outage is upstream.
-const (
-	ControlLimited  = "tenant_rate"
-	ControlUpstream = "upstream"
-)
-
-// Response header names (draft-ietf-httpapi-ratelimit-headers fields, as
-// envoyproxy/ratelimit's optional response headers) and warden's own.
-const (
-	HeaderLimit      = "RateLimit-Limit"
-	HeaderRemaining  = "RateLimit-Remaining"
-	HeaderReset      = "RateLimit-Reset"
-	HeaderRetryAfter = "Retry-After"
-	HeaderControl    = "x-warden-control"
 )
 
 // call is the scratch of one ShouldRateLimit, pooled.
@@ -189,15 +171,16 @@ func decide(cfg *config, counter window.Counter, req *rlspb.RateLimitRequest, no
 	resp.OverallCode = rlspb.RateLimitResponse_OVER_LIMIT
 	j := c.headline()
 	resp.ResponseHeadersToAdd = c.headers(j, now, true)
-	resp.RawBody = c.body(j, now)
+	ref := c.refusal(j, now)
+	resp.RawBody = ref.AppendBody(make([]byte, 0, 128))
 	return outcome{resp: resp, m: dom.m, control: c.control(j), overflowed: redirected}, nil
 }
 
 type outcome struct {
 	resp       *rlspb.RateLimitResponse
 	m          *domainMetrics
-	control    string // what refused; "" when OK
-	overflowed bool   // a value was counted in its entry's overflow window
+	control    control.Name // what refused; "" when OK
+	overflowed bool         // a value was counted in its entry's overflow window
 }
 
 // refused reports whether window j refused (over its limit, or unavailable).
@@ -261,15 +244,27 @@ func (c *call) resetSeconds(j int, now time.Time) int64 {
 	if c.dec[j].Unavailable {
 		return 1
 	}
-	d := c.dec[j].ResetIn(now)
-	return max(int64((d+time.Second-1)/time.Second), 1)
+	return control.RetryAfterSeconds(c.dec[j].ResetIn(now))
 }
 
-func (c *call) control(j int) string {
+// control names what refused window j. A domain's windows are
+// fixed-window caps per descriptor value — per caller, like tenant caps —
+// so their refusals are tenant_rate; a fail_closed backend outage is
+// upstream.
+func (c *call) control(j int) control.Name {
 	if c.dec[j].Unavailable {
-		return ControlUpstream
+		return control.Upstream
 	}
-	return ControlLimited
+	return control.TenantRate
+}
+
+// refusal is what the RLS says when window j refused. Its body is the
+// local reply Envoy sends with the 429, in the shape of warden's own 429s
+// but without current:
+// {"control":"tenant_rate","quota":"rls:edge:tenant=acme","limit":5000,"retryAfterSeconds":12}.
+func (c *call) refusal(j int, now time.Time) control.Refusal {
+	return control.Refusal{Control: c.control(j), Quota: c.lims[j].quota + string(c.wants[j].Key),
+		Limit: c.lims[j].rate, RetryAfter: c.resetSeconds(j, now)}
 }
 
 func (c *call) headers(j int, now time.Time, refused bool) []*corev3.HeaderValue {
@@ -282,29 +277,13 @@ func (c *call) headers(j int, now time.Time, refused bool) []*corev3.HeaderValue
 		// A fail_closed outage counted nothing: no quota to report.
 		h = []*corev3.HeaderValue{
 			c.lims[j].limitHeader,
-			{Key: HeaderRemaining, Value: strconv.FormatInt(c.remaining(j), 10)},
-			{Key: HeaderReset, Value: reset},
+			{Key: control.HeaderRemaining, Value: strconv.FormatInt(c.remaining(j), 10)},
+			{Key: control.HeaderReset, Value: reset},
 		}
 	}
 	if refused {
-		h = append(h, &corev3.HeaderValue{Key: HeaderRetryAfter, Value: reset},
-			&corev3.HeaderValue{Key: HeaderControl, Value: c.control(j)})
+		h = append(h, &corev3.HeaderValue{Key: control.HeaderRetryAfter, Value: reset},
+			&corev3.HeaderValue{Key: control.Header, Value: string(c.control(j))})
 	}
 	return h
-}
-
-// body is the local reply Envoy sends with the 429, in the shape of
-// warden's own 429s: {"control":"tenant_rate","quota":"rls:edge:tenant=acme",
-// "limit":5000,"retryAfterSeconds":12}.
-func (c *call) body(j int, now time.Time) []byte {
-	b := make([]byte, 0, 128)
-	b = append(b, `{"control":"`...)
-	b = append(b, c.control(j)...)
-	b = append(b, `","quota":`...)
-	b = jsonstr.Append(b, c.lims[j].quota+string(c.wants[j].Key))
-	b = append(b, `,"limit":`...)
-	b = strconv.AppendInt(b, c.lims[j].rate, 10)
-	b = append(b, `,"retryAfterSeconds":`...)
-	b = strconv.AppendInt(b, c.resetSeconds(j, now), 10)
-	return append(b, '}')
 }

@@ -23,6 +23,7 @@ import (
 
 	"github.com/warden-dev/warden/governor"
 	"github.com/warden-dev/warden/governor/clock"
+	"github.com/warden-dev/warden/governor/control"
 	"github.com/warden-dev/warden/governor/metrics"
 	"github.com/warden-dev/warden/governor/window"
 )
@@ -215,7 +216,7 @@ func (s *Server) ShouldRateLimit(ctx context.Context, req *rlspb.RateLimitReques
 		switch out.control {
 		case "":
 			m.ok.Inc()
-		case ControlUpstream:
+		case control.Upstream:
 			m.over.Inc()
 			m.upstr.Inc()
 		default:

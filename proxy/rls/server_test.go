@@ -24,6 +24,7 @@ import (
 	"github.com/warden-dev/warden/governor"
 	"github.com/warden-dev/warden/governor/backend/redisx"
 	"github.com/warden-dev/warden/governor/clock"
+	"github.com/warden-dev/warden/governor/control"
 	"github.com/warden-dev/warden/governor/metrics"
 	"github.com/warden-dev/warden/governor/window"
 	"github.com/warden-dev/warden/internal/testkit/redistest"
@@ -361,20 +362,20 @@ func TestResponseHeadersAndBody(t *testing.T) {
 	bothCounters(t, func(t *testing.T, kind counterKind) {
 		r := newRig(t, kind, domains)
 		resp := r.call(0, desc("tenant", "globex"), desc("ip", "10.0.0.1"))
-		want := map[string]string{HeaderLimit: "3", HeaderRemaining: "2", HeaderReset: "50"}
+		want := map[string]string{control.HeaderLimit: "3", control.HeaderRemaining: "2", control.HeaderReset: "50"}
 		for k, v := range want {
 			if got := header(resp, k); got != v {
 				t.Errorf("OK: %s = %q, want %q (the most restrictive descriptor)", k, got, v)
 			}
 		}
-		if header(resp, HeaderControl) != "" || header(resp, HeaderRetryAfter) != "" || resp.RawBody != nil {
+		if header(resp, control.Header) != "" || header(resp, control.HeaderRetryAfter) != "" || resp.RawBody != nil {
 			t.Errorf("OK response carries refusal fields: %v", resp)
 		}
 		r.clk.Advance(200 * time.Millisecond)
 		r.call(0, desc("tenant", "globex"))
 		r.call(0, desc("tenant", "globex"))
 		resp = r.call(0, desc("tenant", "globex"), desc("ip", "10.0.0.1"))
-		want = map[string]string{HeaderLimit: "3", HeaderRemaining: "0", HeaderReset: "50", HeaderRetryAfter: "50", HeaderControl: ControlLimited}
+		want = map[string]string{control.HeaderLimit: "3", control.HeaderRemaining: "0", control.HeaderReset: "50", control.HeaderRetryAfter: "50", control.Header: "tenant_rate"}
 		for k, v := range want {
 			if got := header(resp, k); got != v {
 				t.Errorf("OVER_LIMIT: %s = %q, want %q", k, got, v)
@@ -434,7 +435,7 @@ func TestValuesBeyondTheCapOverflow(t *testing.T) {
 			}
 		}
 		resp = r.call(0, desc("tenant", "g"))
-		if resp.OverallCode != rlspb.RateLimitResponse_OVER_LIMIT || header(resp, HeaderControl) != ControlLimited ||
+		if resp.OverallCode != rlspb.RateLimitResponse_OVER_LIMIT || header(resp, control.Header) != "tenant_rate" ||
 			string(resp.RawBody) != `{"control":"tenant_rate","quota":"rls_overflow:edge:tenant","limit":3,"retryAfterSeconds":50}` {
 			t.Fatalf("value g past the overflow window: %v", resp)
 		}
@@ -467,7 +468,7 @@ func TestMetrics(t *testing.T) {
 	}{
 		{r.m.Requests.WithLabelValues("rls", "edge", "OK"), 1},
 		{r.m.Requests.WithLabelValues("rls", "edge", "OVER_LIMIT"), 4},
-		{r.m.Rejections.WithLabelValues(ControlLimited, "rls:edge"), 4},
+		{r.m.Rejections.WithLabelValues("tenant_rate", "rls:edge"), 4},
 	}
 	for _, c := range checks {
 		if got := counterValue(t, c.c); got != c.want {
@@ -594,15 +595,15 @@ func TestBackendDownFailClosed(t *testing.T) {
 	defer r.srv.Shutdown(context.Background())
 	r.dial()
 	resp := r.call(0, desc("tenant", "globex"))
-	if resp.OverallCode != rlspb.RateLimitResponse_OVER_LIMIT || header(resp, HeaderControl) != ControlUpstream || header(resp, HeaderRetryAfter) != "1" {
+	if resp.OverallCode != rlspb.RateLimitResponse_OVER_LIMIT || header(resp, control.Header) != "upstream" || header(resp, control.HeaderRetryAfter) != "1" {
 		t.Fatalf("fail_closed outage: %v", resp)
 	}
-	for _, k := range []string{HeaderLimit, HeaderRemaining, HeaderReset} {
+	for _, k := range []string{control.HeaderLimit, control.HeaderRemaining, control.HeaderReset} {
 		if v := header(resp, k); v != "" {
 			t.Errorf("fail_closed outage sets %s: %s, though nothing was counted", k, v)
 		}
 	}
-	if got := counterValue(t, m.Rejections.WithLabelValues(ControlUpstream, "rls:edge")); got != 1 {
+	if got := counterValue(t, m.Rejections.WithLabelValues("upstream", "rls:edge")); got != 1 {
 		t.Fatalf("upstream rejections %v", got)
 	}
 	if resp := r.call(0, desc("user", "bob")); resp.OverallCode != rlspb.RateLimitResponse_OK {

@@ -11,6 +11,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/warden-dev/warden/governor/control"
 	"github.com/warden-dev/warden/governor/metrics"
 )
 
@@ -28,7 +29,10 @@ type Listener struct {
 	rej   map[rejKey]prometheus.Counter
 }
 
-type rejKey struct{ control, scope string }
+type rejKey struct {
+	control control.Name
+	scope   string
+}
 
 // NewListener returns the metric children of listener name; m nil records
 // nothing.
@@ -65,21 +69,21 @@ func (l *Listener) Target(name string) *Target {
 
 // Reject counts one refusal by control in scope
 // (warden_rejections_total{control,scope}).
-func (l *Listener) Reject(control, scope string) {
+func (l *Listener) Reject(c control.Name, scope string) {
 	if l.m == nil {
 		return
 	}
-	k := rejKey{control, scope}
+	k := rejKey{c, scope}
 	l.rejMu.RLock()
-	c := l.rej[k]
+	ctr := l.rej[k]
 	l.rejMu.RUnlock()
-	if c == nil {
-		c = l.m.Rejections.WithLabelValues(control, scope)
+	if ctr == nil {
+		ctr = l.m.Rejections.WithLabelValues(string(c), scope)
 		l.rejMu.Lock()
-		l.rej[k] = c
+		l.rej[k] = ctr
 		l.rejMu.Unlock()
 	}
-	c.Inc()
+	ctr.Inc()
 }
 
 // Target is one target's children on one listener.
@@ -157,4 +161,4 @@ func (t *Target) Retry() {
 }
 
 // Reject counts a refusal by control in scope on the target's listener.
-func (t *Target) Reject(control, scope string) { t.l.Reject(control, scope) }
+func (t *Target) Reject(c control.Name, scope string) { t.l.Reject(c, scope) }
