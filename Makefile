@@ -73,13 +73,21 @@ bench-bridge:
 	$(GO) run ./bench/cmd/benchbridge | tee bench/out/bridge.txt
 
 # Shared windows through Redis and the Envoy RLS (needs redis-server and
-# redis-benchmark: apt-get install redis-server redis-tools). REDIS_URL
-# picks the server; BENCH_FLAGS passes e.g. -duration 10s -rounds 3.
+# redis-benchmark: apt-get install redis-server redis-tools), beside
+# envoyproxy/ratelimit's own server, built once per RATELIMIT_VERSION from
+# its Go module into bench/out (its own module, not warden's go.mod; a
+# failed build leaves build.log there and its rows say so). REDIS_URL
+# picks the server; BENCH_FLAGS passes e.g. -duration 10s -rounds 5.
 REDIS_URL ?= redis://127.0.0.1:6379/0
+RATELIMIT_VERSION ?= v1.4.1-0.20260122083618-3fb702589d36
+RATELIMIT_DIR = bench/out/ratelimit/$(RATELIMIT_VERSION)
 bench-rls:
-	@mkdir -p bench/out
+	@mkdir -p $(RATELIMIT_DIR)
+	@test -x $(RATELIMIT_DIR)/service_cmd || GOBIN=$(CURDIR)/$(RATELIMIT_DIR) GOFLAGS=-mod=mod timeout 900 \
+		$(GO) install github.com/envoyproxy/ratelimit/src/service_cmd@$(RATELIMIT_VERSION) >$(RATELIMIT_DIR)/build.log 2>&1 \
+		|| echo "bench-rls: envoyproxy/ratelimit did not build, see $(RATELIMIT_DIR)/build.log"
 	$(GO) build -o bench/out/rlsbench ./bench/cmd/rlsbench
-	bench/out/rlsbench -redis $(REDIS_URL) $(BENCH_FLAGS) | tee bench/out/rls.txt
+	bench/out/rlsbench -redis $(REDIS_URL) -ratelimit $(RATELIMIT_DIR)/service_cmd $(BENCH_FLAGS) | tee bench/out/rls.txt
 
 # The run scheduler: admissions/s, durable submits/s, submit→start and
 # freed-slot→delivery latency, RSS with 1,000,000 queued runs, each beside a

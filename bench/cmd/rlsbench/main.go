@@ -62,6 +62,9 @@ type options struct {
 	profile    string
 	senders    int
 	only       string
+	// envoyproxy/ratelimit's server binary and extra settings for it
+	ratelimit    string
+	ratelimitEnv string
 }
 
 func main() {
@@ -71,13 +74,15 @@ func main() {
 	flag.IntVar(&o.callers, "callers", 64, "concurrent admissions per process (in flight at once, as requests in a sidecar)")
 	flag.IntVar(&o.rlsCallers, "rls-callers", 64, "concurrent ShouldRateLimit callers")
 	flag.IntVar(&o.rlsConns, "rls-conns", 4, "gRPC connections the callers share")
-	flag.IntVar(&o.rounds, "rounds", 1, "repeat the whole table this many times")
+	flag.IntVar(&o.rounds, "rounds", 3, "repeat the whole table this many times (ratios are their median)")
 	flag.IntVar(&o.keys, "keys", 1000, "distinct tenants the load spreads over")
 	flag.StringVar(&o.child, "child", "", "internal: admit | baseline | rls")
 	flag.StringVar(&o.prefix, "prefix", "", "internal: Redis key prefix")
 	flag.StringVar(&o.backend, "backend", "redis", "internal: memory | redis (rls child)")
 	flag.StringVar(&o.only, "only", "", "run only the admission rows (admit) or the RLS rows (rls)")
 	flag.IntVar(&o.senders, "senders", 0, "Redis batch senders per process (0: redisx default)")
+	flag.StringVar(&o.ratelimit, "ratelimit", "", "envoyproxy/ratelimit's server binary (src/service_cmd) for the baseline rows")
+	flag.StringVar(&o.ratelimitEnv, "ratelimit-env", "", "extra settings for it, e.g. REDIS_POOL_SIZE=64,GOMAXPROCS=2")
 	flag.StringVar(&o.profile, "rls-cpuprofile", "", "write the RLS server's CPU profile to FILE.memory / FILE.redis")
 	flag.Parse()
 	log.SetFlags(0)
@@ -114,6 +119,8 @@ type result struct {
 	// CPU is the CPU time (user+system) the deciding process used while
 	// measured, so CPU per decision can be read even on a busy machine.
 	CPU float64 `json:"cpu_seconds"`
+	// RedisCPU is Redis's CPU time over the same span (RLS rows; 0: not read).
+	RedisCPU float64 `json:"redis_cpu_seconds,omitempty"`
 }
 
 // cpuSeconds is this process's CPU time so far.
@@ -412,7 +419,7 @@ func withRLS(o options, backend, client string) result {
 		v, _ := strconv.ParseFloat(strings.TrimSpace(strings.TrimPrefix(line, "CPU ")), 64)
 		return v
 	}
-	r := rlsLoad(o, addr, client, cpu)
+	r := measureRLS(o, addr, client, cpu)
 	stdin.Close()
 	if err := cmd.Wait(); err != nil {
 		log.Printf("rls child: %v", err)
@@ -444,99 +451,43 @@ func ceiling(o options) (float64, error) {
 	return strconv.ParseFloat(m[len(m)-1][1], 64)
 }
 
-type row struct {
-	label    string
-	procs    int
-	r        result
-	minRate  float64 // goal; 0: none
-	maxP99ms float64 // goal; 0: none
-}
-
 func parent(o options) {
 	var b [6]byte
 	_, _ = rand.Read(b[:])
 	o.prefix = "wardenbench:" + hex.EncodeToString(b[:]) + ":"
 	defer cleanup(o)
-	fmt.Printf("bench-rls: %s, %s measured per row after 0.5s warm-up, %d callers per admitting process, %d RLS callers over %d connections, %d tenants; %d cores\n\n",
+	if o.ratelimit != "" {
+		_ = os.Remove(ratelimitLog(o)) // this run's server output only
+	}
+	fmt.Printf("bench-rls: %s, %s measured per row after 0.5s warm-up, %d callers per admitting process, %d RLS callers over %d connections, %d tenants; %d cores\n",
 		o.url, o.duration, o.callers, o.rlsCallers, o.rlsConns, o.keys, runtime.NumCPU())
+	if o.only != "admit" {
+		fmt.Printf("baseline RLS: %s (%s)\n", ratelimitVersion(o.ratelimit), o.ratelimit)
+	}
+	fmt.Println()
 	failed := false
+	var all []comparison
 	for round := 1; round <= o.rounds; round++ {
 		ceil, err := ceiling(o)
 		if err != nil {
 			log.Fatal(err)
 		}
 		var rows []row
+		var cmp []comparison
 		if o.only != "rls" {
-			one := children(o, 1, "admit")[0]
-			base := children(o, 1, "baseline")[0]
-			three := children(o, 3, "admit")
-			sum := result{Seconds: o.duration.Seconds()}
-			for _, r := range three {
-				sum.Ops += r.Ops
-				sum.Errors += r.Errors
-				sum.P50 = max(sum.P50, r.P50)
-				sum.P99 = max(sum.P99, r.P99)
-				sum.CPU += r.CPU
-			}
-			rows = append(rows,
-				row{"shared admissions (Take via Redis)", 1, one, 50000, 2},
-				row{"  baseline: INCRBY+EXPIRE per decision", 1, base, 0, 0},
-				row{"shared admissions, 3 sidecars (sum)", 3, sum, 0, 0})
+			rows = admitRows(o)
 		}
 		if o.only != "admit" {
-			mem := withRLS(o, "memory", "h2")
-			red := withRLS(o, "redis", "h2")
-			redGo := withRLS(o, "redis", "grpc")
-			rows = append(rows,
-				row{"RLS ShouldRateLimit, memory windows", 1, mem, 0, 0},
-				row{"RLS ShouldRateLimit, Redis windows", 1, red, 30000, 0},
-				row{"  same, grpc-go client as load generator", 1, redGo, 0, 0})
+			var r []row
+			r, cmp = rlsRows(o)
+			rows = append(rows, r...)
 		}
-		fmt.Printf("round %d — ceiling: redis-benchmark -t incr -q = %.0f INCR/s (50 clients, one command per round trip)\n", round, ceil)
-		fmt.Printf("%-40s %5s %12s %8s %8s %7s %10s %9s  %s\n", "path", "procs", "decisions/s", "p50 ms", "p99 ms", "errors", "CPU µs/dec", "vs INCR", "goal")
-		for _, r := range rows {
-			goal, met := "", true
-			if r.minRate > 0 {
-				goal = fmt.Sprintf("≥%.0f/s", r.minRate)
-				met = r.r.rate() >= r.minRate
-			}
-			if r.maxP99ms > 0 {
-				goal += fmt.Sprintf(", p99≤%gms", r.maxP99ms)
-				met = met && r.r.P99 <= r.maxP99ms
-			}
-			if r.r.Errors > 0 {
-				met = false
-			}
-			if goal != "" {
-				if met {
-					goal += ": met"
-				} else {
-					goal += ": NOT met"
-					failed = true
-				}
-			}
-			cpuPer := 0.0
-			if r.r.Ops > 0 {
-				cpuPer = r.r.CPU * 1e6 / float64(r.r.Ops)
-			}
-			fmt.Printf("%-40s %5d %12.0f %8.2f %8.2f %7d %10.1f %8.2f×  %s\n", r.label, r.procs, r.r.rate(), r.r.P50, r.r.P99, r.r.Errors, cpuPer, r.r.rate()/ceil, goal)
-		}
-		fmt.Println()
+		failed = printRound(round, ceil, rows) || failed
+		printComparisons(cmp)
+		all = append(all, cmp...)
 	}
-	fmt.Println("vs INCR = decisions/s ÷ the same round's redis-benchmark INCR/s. Every admission is one window take")
-	fmt.Println("(admitted: the limits are out of reach, so no answer comes from the local over-limit cache). The 3-sidecar")
-	fmt.Println("row runs three processes at once on one Redis; its p50/p99 are the worst of the three. decisions/s counts")
-	fmt.Println("successful decisions only; errors are decisions the backend did not make (fail_closed: a timeout or an")
-	fmt.Println("open breaker). CPU µs/dec is the deciding process's CPU time per decision (the RLS server's for RLS rows;")
-	fmt.Println("Redis's and the load generator's time are not in it): it holds on a busy machine where decisions/s does not.")
-	fmt.Println("RLS load: a lean HTTP/2 gRPC client (raw frames, like Envoy's C++ client) unless the row says grpc-go; the")
-	fmt.Println("load generator runs on the same cores as the server and Redis.")
-	if os.Getenv("GOGC") == "" {
-		fmt.Printf("GC: warden's processes and the load generator keep `warden run`'s %d MiB heap-goal floor (internal/gcfloor);\n", gcfloor.Default>>20)
-		fmt.Println("the INCR+EXPIRE baseline runs with Go's default GOGC. Set GOGC to run every process with that value instead.")
-	} else {
-		fmt.Printf("GC: every process with GOGC=%s (the environment's; no heap-goal floor).\n", os.Getenv("GOGC"))
-	}
+	printMedians(all, o.rounds)
+	printFooter()
 	if failed {
 		os.Exit(1)
 	}
