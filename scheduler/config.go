@@ -159,7 +159,6 @@ const (
 	ControlPoolConc    = string(control.PoolConcurrency)
 	ControlPoolQueue   = string(control.PoolQueue)
 	ControlUpstream    = string(control.Upstream)
-	ControlRetryBudget = string(control.RetryBudget)
 	// ControlDefinition holds runs whose definition is no longer in the
 	// policy: they wait, untouched, until it comes back.
 	ControlDefinition = string(control.Definition)

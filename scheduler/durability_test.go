@@ -3,13 +3,13 @@ package scheduler
 import (
 	"context"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/valyala/fasthttp"
 
+	"github.com/warden-dev/warden/proxy/respond"
 	"github.com/warden-dev/warden/scheduler/store"
 )
 
@@ -161,10 +161,7 @@ func TestTenantCapAppliesToRunsRequests(t *testing.T) {
 			now := h.clk.Now()
 			res := caps.Check(c.Request.Header.Peek(caps.Header()), now)
 			if !res.Allowed {
-				c.SetStatusCode(fasthttp.StatusTooManyRequests)
-				c.Response.Header.Set("Retry-After", strconv.Itoa(res.RetryAfter(now)))
-				c.Response.Header.Set("x-warden-control", "tenant_rate")
-				c.SetBody(res.AppendBody(nil, now))
+				respond.Tenant(c, res, now)
 				return
 			}
 			next(c)

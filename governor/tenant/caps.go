@@ -180,9 +180,3 @@ func (r Result) Refusal(now time.Time) control.Refusal {
 	}
 	return ref
 }
-
-// AppendBody appends the JSON body of r's Refusal to dst.
-func (r Result) AppendBody(dst []byte, now time.Time) []byte {
-	ref := r.Refusal(now)
-	return ref.AppendBody(dst)
-}

@@ -81,7 +81,7 @@ func TestRejectionBody(t *testing.T) {
 	if r.Allowed {
 		t.Fatal("6th acme request admitted at rate 5")
 	}
-	body := r.AppendBody(nil, clk.Now())
+	body := refusalBody(r, clk.Now())
 	want := `{"control":"tenant_rate","quota":"tenant:acme","limit":5,"current":6,"retryAfterSeconds":60}`
 	if string(body) != want {
 		t.Fatalf("body %s\nwant %s", body, want)
@@ -107,7 +107,7 @@ func TestRejectionBodyIsJSONForAnyTenant(t *testing.T) {
 		}
 		for _, unavailable := range []bool{false, true} {
 			r.Unavailable = unavailable
-			body := r.AppendBody(nil, clk.Now())
+			body := refusalBody(r, clk.Now())
 			var v struct{ Quota string }
 			if err := json.Unmarshal(body, &v); err != nil {
 				t.Errorf("tenant %q (unavailable %v): body %s is not JSON: %v", tenant, unavailable, body, err)
@@ -215,7 +215,7 @@ func TestBackendDownReportsUpstream(t *testing.T) {
 		t.Fatalf("result %+v control %q retry %d", r, r.Control(), r.RetryAfter(clk.Now()))
 	}
 	want := `{"control":"upstream","quota":"tenant:acme","limit":500,"retryAfterSeconds":1}`
-	if got := string(r.AppendBody(nil, clk.Now())); got != want {
+	if got := string(refusalBody(r, clk.Now())); got != want {
 		t.Fatalf("body %s, want %s", got, want)
 	}
 	if ok := New("ingress", &policy.TenantCap{Header: "x-tenant-id", Rate: 500, Window: 60}, nil, window.NewMemory(clk), nil).Check([]byte("acme"), clk.Now()); ok.Control() != control.TenantRate {
@@ -240,4 +240,10 @@ func TestRateZeroDisables(t *testing.T) {
 	if r := caps.Check([]byte("acme"), clk.Now()); r.Allowed {
 		t.Fatal("acme's override of 1 admitted a second request")
 	}
+}
+
+// refusalBody is the 429 body the listeners send for r.
+func refusalBody(r Result, now time.Time) []byte {
+	ref := r.Refusal(now)
+	return ref.AppendBody(nil)
 }

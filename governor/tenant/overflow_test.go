@@ -89,7 +89,7 @@ func TestTenantFloodOverflows(t *testing.T) {
 				Current           int64
 				RetryAfterSeconds int
 			}
-			if err := json.Unmarshal(last.AppendBody(nil, clk.Now()), &body); err != nil {
+			if err := json.Unmarshal(refusalBody(last, clk.Now()), &body); err != nil {
 				t.Fatal(err)
 			}
 			if body.Control != "tenant_rate" || body.Quota != "tenant_overflow" || body.Limit != 3 || body.Current != 4 || body.RetryAfterSeconds != 50 {
