@@ -150,15 +150,15 @@ func (c *config) limit() (int, string) {
 
 // Control names a waiting or ended run reports (SPEC §4).
 const (
-	ControlLanes       = string(control.Lanes)
-	ControlWorker      = string(control.WorkerConcurrency)
-	ControlKey         = string(control.KeyConcurrency)
-	ControlSemaphore   = string(control.Semaphore)
-	ControlTimeout     = string(control.Timeout)
-	ControlPoolRate    = string(control.PoolRate)
-	ControlPoolConc    = string(control.PoolConcurrency)
-	ControlPoolQueue   = string(control.PoolQueue)
-	ControlUpstream    = string(control.Upstream)
+	ControlLanes     = string(control.Lanes)
+	ControlWorker    = string(control.WorkerConcurrency)
+	ControlKey       = string(control.KeyConcurrency)
+	ControlSemaphore = string(control.Semaphore)
+	ControlTimeout   = string(control.Timeout)
+	ControlPoolRate  = string(control.PoolRate)
+	ControlPoolConc  = string(control.PoolConcurrency)
+	ControlPoolQueue = string(control.PoolQueue)
+	ControlUpstream  = string(control.Upstream)
 	// ControlDefinition holds runs whose definition is no longer in the
 	// policy: they wait, untouched, until it comes back.
 	ControlDefinition = string(control.Definition)
