@@ -19,8 +19,8 @@
 // left to the net package (see maxRaw), so a raw call never keeps a
 // processor for long. What that gives up: a thread the kernel switches out
 // on its way back from a raw call keeps its processor while it waits, where
-// sysmon would have handed it on (proxy/README, "Raw socket I/O", has the
-// latency measured both ways).
+// sysmon would have handed it on (proxy/README, "Raw socket I/O", says
+// what that costs in latency).
 //
 // WrapLazy (and Listener) also keep a connection's deadlines lazily: the
 // socket's moves only when the caller's comes sooner, or when the socket's
