@@ -170,21 +170,28 @@ func chanAdmissions(n, lanes int) (perSec, cpuPerRun float64) {
 // submits: n runs from callers goroutines while nothing is admitted (one
 // run holds the only lane), so the figure is the submit path alone.
 func submits(kind string, n, callers int) float64 {
+	r, release := blockedRig(kind)
+	r.submit(input)
+	start := time.Now()
+	submitAll(n, callers, func(int) { r.submit(input) })
+	el := time.Since(start)
+	release()
+	return float64(n) / el.Seconds()
+}
+
+// blockedRig is a rig of one lane whose worker holds every delivery until
+// release, which also closes the rig: the first run submitted takes the
+// lane, and every later one stays queued.
+func blockedRig(kind string) (r *rig, release func()) {
 	gate := make(chan struct{})
-	r := newRig(kind, 1, func(ctx context.Context, d scheduler.Delivery) scheduler.Reply {
+	r = newRig(kind, 1, func(ctx context.Context, d scheduler.Delivery) scheduler.Reply {
 		select {
 		case <-gate:
 		case <-ctx.Done():
 		}
 		return scheduler.Reply{Status: 200}
 	})
-	r.submit(input)
-	start := time.Now()
-	submitAll(n, callers, func(int) { r.submit(input) })
-	el := time.Since(start)
-	close(gate)
-	r.close()
-	return float64(n) / el.Seconds()
+	return r, func() { close(gate); r.close() }
 }
 
 func chanSubmits(n, callers int) float64 {

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"context"
 	"encoding/json"
 	"fmt"
 	"os"
@@ -47,17 +46,10 @@ func rssMain(kind string, n int) {
 		}
 		keep = ch
 	default:
-		gate := make(chan struct{})
-		r := newRig(kind, 1, func(ctx context.Context, d scheduler.Delivery) scheduler.Reply {
-			select {
-			case <-gate:
-			case <-ctx.Done():
-			}
-			return scheduler.Reply{Status: 200}
-		})
+		r, release := blockedRig(kind)
 		submitAll(n+1, 512, func(int) { r.submit(append([]byte(nil), input...)) })
 		keep = r
-		defer func() { close(gate); r.close() }()
+		defer release()
 	}
 	runtime.GC()
 	debug.FreeOSMemory()
